@@ -1,0 +1,26 @@
+"""alfish: a PyTorch-native reinforcement-learning training framework."""
+from setuptools import find_packages, setup
+
+setup(
+    name="alfish",
+    version="0.1.0",
+    description="PyTorch-native RL training framework: gin confs, SAC/PPO/A2C, checkpoints, TensorBoard, play.",
+    python_requires=">=3.10",
+    packages=find_packages(include=["alfish", "alfish.*"]),
+    install_requires=[
+        "torch>=2.1",
+        "numpy>=1.24",
+        "gymnasium[classic-control]>=1.0",
+        "gin-config>=0.5",
+        "tensorboard>=2.12",
+        "psutil>=5.9",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame>=2.1.3"],
+        "render": ["pygame>=2.1.3", "imageio>=2.30", "imageio-ffmpeg>=0.4"],
+        "mujoco": ["gymnasium[mujoco]>=1.0"],
+        "box2d": ["gymnasium[box2d]>=1.0"],
+        "bench": ["stable-baselines3>=2.3"],
+    },
+)
