@@ -1,0 +1,5 @@
+"""Configuration: the validated TrainerConfig, loading gin confs with strict errors, and the config record."""
+from alfish.config.loading import ConfError, load_conf, load_config_text, write_config_record
+from alfish.config.trainer_config import TrainerConfig
+
+__all__ = ['TrainerConfig', 'ConfError', 'load_conf', 'load_config_text', 'write_config_record']

@@ -1,0 +1,3 @@
+from alfish.networks.mlp import MLP, EnsembleMLP
+
+__all__ = ["MLP", "EnsembleMLP"]

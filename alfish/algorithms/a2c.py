@@ -1,0 +1,69 @@
+"""Advantage Actor-Critic (Mnih et al. 2016, synchronous): trains on the trajectory it just unrolled, with gradients."""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import gin
+import gymnasium as gym
+import torch
+
+from alfish.algorithms.actor_critic import ActorCriticNetworks
+from alfish.algorithms.base import OnPolicyAlgorithm
+from alfish.data.types import Experience, LossInfo, StepType
+from alfish.losses.returns import generalized_advantage_estimation
+
+
+class A2cRolloutInfo(NamedTuple):
+    log_prob: torch.Tensor  # [B], with grad
+    entropy: torch.Tensor   # [B], with grad
+    value: torch.Tensor     # [B], with grad
+
+
+@gin.configurable
+class A2cAlgorithm(OnPolicyAlgorithm):
+    """A2C on the on-policy path: ``calc_loss`` receives the unroll ``[T+1, B]`` whose rollout infos carry gradients;
+    the last row only bootstraps.
+
+    Args: hidden_sizes/activation (policy and value MLPs), lr (Adam), gamma, gae_lambda (1.0 gives n-step returns),
+    value_loss_coef, entropy_coef, normalize_advantages (standardize over the unroll).
+    """
+
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
+                 hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh", lr: float = 7e-4,
+                 gamma: float = 0.99, gae_lambda: float = 1.0, value_loss_coef: float = 0.5,
+                 entropy_coef: float = 0.0, normalize_advantages: bool = False):
+        super().__init__(observation_space, action_space)
+        self.net = ActorCriticNetworks(self.obs_dim, self.num_actions if self.discrete else self.action_dim,
+                                       self.discrete, hidden_sizes, activation)
+        self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
+        self.value_loss_coef, self.entropy_coef = value_loss_coef, entropy_coef
+        self.normalize_advantages = normalize_advantages
+
+    def param_groups(self) -> list[dict]:
+        return [dict(name="actor_critic", params=list(self.net.parameters()), lr=self.lr)]
+
+    def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
+        out = self.net.act(self.flat_obs(obs), greedy)
+        return out.action, A2cRolloutInfo(out.log_prob, out.entropy, out.value)
+
+    def calc_loss(self, exp: Experience, train_info: Any = None) -> LossInfo:
+        info: A2cRolloutInfo = exp.rollout_info
+        value = info.value
+        adv = generalized_advantage_estimation(exp.reward, value.detach(), exp.step_type, exp.discount, self.gamma,
+                                               self.gae_lambda)
+        value_target = adv + value.detach()[:-1]
+        valid = (exp.step_type[:-1] != StepType.LAST).to(value.dtype)
+        count = valid.sum().clamp(min=1.0)
+        if self.normalize_advantages:
+            mean = (adv * valid).sum() / count
+            std = torch.sqrt(((adv - mean) ** 2 * valid).sum() / (count - 1).clamp(min=1.0))
+            adv = (adv - mean) / (std + 1e-8)
+        policy_loss = -adv * info.log_prob[:-1]
+        value_loss = (value_target - value[:-1]) ** 2
+        entropy = info.entropy[:-1]
+        loss = (policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy) * valid
+        extra = dict(policy_loss=(policy_loss.detach() * valid).sum() / count,
+                     value_loss=(value_loss.detach() * valid).sum() / count,
+                     entropy=(entropy.detach() * valid).sum() / count)
+        return LossInfo(loss=loss, extra=extra)

@@ -1,0 +1,123 @@
+"""The algorithm contract (DESIGN.md §3.1–3.3).
+
+An algorithm is an ``nn.Module`` that turns time steps into actions and experience into a loss. Everything else
+(optimizers, replay ownership, checkpointing, summaries, the training loop) belongs to the trainer.
+
+Call order, per iteration:
+    rollout_step(time_step)            -> AlgStep(output=action [B, ...], info=rollout_info [B, ...])   (unrolling)
+    preprocess_experience(exp [B, T])   -> Experience [B, T']   (whole-buffer training only, e.g. PPO's GAE)
+    train_step(exp [L, B])              -> AlgStep(info=train_info)                                      (off-policy)
+    calc_loss(exp [L, B], train_info)   -> LossInfo(loss=per-sample [L', B], extra={name: term})
+    after_update()                      after each optimizer step (target networks)
+    after_train_iter()                  once per iteration
+and ``predict_step(time_step, epsilon_greedy)`` for evaluation and play.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import torch
+from torch import nn
+
+from alfish.data.types import AlgStep, Experience, LossInfo, TimeStep
+
+
+class Algorithm(nn.Module):
+    """Base of all algorithms: the narrow contract above, with do-nothing defaults where one makes sense."""
+
+    #: True for algorithms that train on the trajectory they just unrolled (with gradients), e.g. A2C.
+    on_policy: bool = False
+
+    def predict_step(self, time_step: TimeStep, state: Any = (), epsilon_greedy: float = 0.0) -> AlgStep:
+        raise NotImplementedError
+
+    def rollout_step(self, time_step: TimeStep, state: Any = ()) -> AlgStep:
+        raise NotImplementedError
+
+    def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:
+        raise NotImplementedError
+
+    def calc_loss(self, exp: Experience, train_info: Any) -> LossInfo:
+        raise NotImplementedError
+
+    def preprocess_experience(self, exp: Experience) -> Experience:
+        """Whole-buffer hook on batch-major ``[B, T]`` experience; default: unchanged."""
+        return exp
+
+    def after_update(self) -> None:
+        """Called after every optimizer step."""
+
+    def after_train_iter(self) -> None:
+        """Called once per training iteration."""
+
+    def param_groups(self) -> list[dict]:
+        """Parameter groups for the trainer's optimizer, each ``{'params': [...], 'lr': ..., 'name': ...}``."""
+        raise NotImplementedError
+
+
+class RLAlgorithm(Algorithm):
+    """An algorithm acting in an env with Box observations and Box or Discrete actions.
+
+    Subclasses implement ``_act(obs, greedy) -> (action, info)``; the epsilon-greedy mix of greedy and sampled actions
+    used by ``predict_step`` lives here once.
+    """
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space):
+        super().__init__()
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.discrete = isinstance(action_space, gym.spaces.Discrete)
+        self.obs_dim = int(torch.tensor(observation_space.shape).prod())
+        if self.discrete:
+            self.num_actions = int(action_space.n)
+            self.action_dim = 1
+        else:
+            self.action_dim = int(torch.tensor(action_space.shape).prod())
+            low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)
+            high = torch.as_tensor(action_space.high, dtype=torch.float32).reshape(-1)
+            if not (torch.isfinite(low).all() and torch.isfinite(high).all()):
+                raise ValueError(f"action space {action_space} has infinite bounds; alfish needs bounded Box actions")
+            self.register_buffer("action_low", low, persistent=False)
+            self.register_buffer("action_high", high, persistent=False)
+
+    def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
+        raise NotImplementedError
+
+    def predict_step(self, time_step: TimeStep, state: Any = (), epsilon_greedy: float = 0.0) -> AlgStep:
+        """Greedy action, except that each env samples from the policy with probability ``epsilon_greedy``."""
+        greedy, _ = self._act(time_step.observation, greedy=True)
+        if epsilon_greedy > 0.0:
+            sampled, _ = self._act(time_step.observation, greedy=False)
+            pick = torch.rand(greedy.shape[0], device=greedy.device) < epsilon_greedy
+            greedy = torch.where(pick.view((-1,) + (1,) * (greedy.dim() - 1)), sampled, greedy)
+        return AlgStep(output=greedy, state=state)
+
+    def rollout_step(self, time_step: TimeStep, state: Any = ()) -> AlgStep:
+        action, info = self._act(time_step.observation, greedy=False)
+        return AlgStep(output=action, state=state, info=info)
+
+    # --- action scaling for Box actions: networks work in [-1, 1], envs in [low, high] -------------------------------
+    def scale_action(self, unit_action: torch.Tensor) -> torch.Tensor:
+        return self.action_low + (unit_action + 1.0) * 0.5 * (self.action_high - self.action_low)
+
+    def unscale_action(self, env_action: torch.Tensor) -> torch.Tensor:
+        return 2.0 * (env_action - self.action_low) / (self.action_high - self.action_low) - 1.0
+
+    def flat_obs(self, obs: torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
+        """``[*batch, *obs_shape] -> [*batch, obs_dim]``."""
+        return obs.reshape(obs.shape[:batch_dims] + (self.obs_dim,))
+
+
+class OnPolicyAlgorithm(RLAlgorithm):
+    """Trains on the trajectory it just unrolled: ``rollout_step`` runs with gradients and the trainer hands the
+    unroll ``[T+1, B]`` (last row: the bootstrap step, without gradients) straight to ``calc_loss``. No replay."""
+
+    on_policy = True
+
+
+class OffPolicyAlgorithm(RLAlgorithm):
+    """Stores raw experience in the replay buffer and trains from samples ``[L, B]`` via ``train_step`` and
+    ``calc_loss`` (or from the whole buffer with ``whole_replay_buffer_training``, as PPO does)."""
+
+    on_policy = False

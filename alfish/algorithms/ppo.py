@@ -1,0 +1,107 @@
+"""Proximal Policy Optimization (Schulman et al. 2017), clipped objective, GAE, discrete or Box actions.
+
+PPO trains through the off-policy path as ALF does: the unroll is stored in the replay buffer, and with
+``whole_replay_buffer_training=True`` + ``clear_replay_buffer=True`` each iteration computes GAE over the whole buffer
+(``preprocess_experience``) and then runs ``num_updates_per_train_iter`` epochs of shuffled mini-batches.
+"""
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Sequence
+
+import gin
+import gymnasium as gym
+import torch
+
+from alfish.algorithms.actor_critic import ActorCriticNetworks
+from alfish.algorithms.base import OffPolicyAlgorithm
+from alfish.data.types import AlgStep, Experience, LossInfo, StepType
+from alfish.losses.returns import generalized_advantage_estimation
+
+
+class PpoRolloutInfo(NamedTuple):
+    log_prob: torch.Tensor  # [B], of the stored action under the rollout policy
+    value: torch.Tensor     # [B], V(obs) under the rollout policy
+
+
+class PpoTrainInfo(NamedTuple):
+    log_prob: torch.Tensor
+    entropy: torch.Tensor
+    value: torch.Tensor
+
+
+class PpoExperienceInfo(NamedTuple):
+    """Rollout info after ``preprocess_experience``: adds GAE advantages and value targets."""
+
+    log_prob: torch.Tensor
+    value: torch.Tensor
+    advantage: torch.Tensor
+    value_target: torch.Tensor
+
+
+@gin.configurable
+class PpoAlgorithm(OffPolicyAlgorithm):
+    """PPO-clip.
+
+    Args:
+        hidden_sizes / activation: policy and value MLPs.
+        lr: Adam learning rate. gamma, gae_lambda: GAE. clip_range: ratio clip epsilon.
+        value_loss_coef, entropy_coef: weights of the value and entropy terms.
+        normalize_advantages: standardize advantages within each mini-batch (as SB3).
+    """
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
+                 hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh", lr: float = 3e-4,
+                 gamma: float = 0.99, gae_lambda: float = 0.95, clip_range: float = 0.2,
+                 value_loss_coef: float = 0.5, entropy_coef: float = 0.0, normalize_advantages: bool = True):
+        super().__init__(observation_space, action_space)
+        self.net = ActorCriticNetworks(self.obs_dim, self.num_actions if self.discrete else self.action_dim,
+                                       self.discrete, hidden_sizes, activation)
+        self.lr, self.gamma, self.gae_lambda, self.clip_range = lr, gamma, gae_lambda, clip_range
+        self.value_loss_coef, self.entropy_coef = value_loss_coef, entropy_coef
+        self.normalize_advantages = normalize_advantages
+
+    def param_groups(self) -> list[dict]:
+        return [dict(name="actor_critic", params=list(self.net.parameters()), lr=self.lr)]
+
+    def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
+        out = self.net.act(self.flat_obs(obs), greedy)
+        return out.action, PpoRolloutInfo(out.log_prob, out.value)
+
+    def preprocess_experience(self, exp: Experience) -> Experience:
+        """``[B, T]`` -> ``[B, T-1]`` with advantages; the newest step of each env only bootstraps."""
+        info: PpoRolloutInfo = exp.rollout_info
+        tm = lambda x: x.transpose(0, 1)  # noqa: E731  (GAE runs time-major)
+        adv = generalized_advantage_estimation(tm(exp.reward), tm(info.value), tm(exp.step_type),
+                                               tm(exp.discount), self.gamma, self.gae_lambda).transpose(0, 1)
+        value = info.value[:, :-1]
+        trimmed = Experience(*[x[:, :-1] for x in exp[:-1]], rollout_info=())
+        return trimmed._replace(rollout_info=PpoExperienceInfo(info.log_prob[:, :-1], value, adv, adv + value))
+
+    def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:
+        obs = self.flat_obs(exp.observation, batch_dims=2).flatten(0, 1)
+        out = self.net.evaluate(obs, exp.action.flatten(0, 1))
+        return AlgStep(info=PpoTrainInfo(out.log_prob, out.entropy, out.value))
+
+    def calc_loss(self, exp: Experience, train_info: PpoTrainInfo) -> LossInfo:
+        """Per-step loss ``[L, B]``; LAST steps (no successor) are masked out."""
+        old: PpoExperienceInfo = exp.rollout_info
+        shape = exp.step_type.shape
+        valid = (exp.step_type != StepType.LAST).flatten().to(train_info.log_prob.dtype)
+        count = valid.sum().clamp(min=1.0)
+        adv = old.advantage.flatten()
+        if self.normalize_advantages:
+            mean = (adv * valid).sum() / count
+            std = torch.sqrt(((adv - mean) ** 2 * valid).sum() / (count - 1).clamp(min=1.0))
+            adv = (adv - mean) / (std + 1e-8)
+        ratio = torch.exp(train_info.log_prob - old.log_prob.flatten())
+        policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - self.clip_range, 1 + self.clip_range) * adv)
+        value_loss = (old.value_target.flatten() - train_info.value) ** 2
+        loss = (policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * train_info.entropy) * valid
+        with torch.no_grad():
+            log_ratio = train_info.log_prob - old.log_prob.flatten()
+            extra = dict(policy_loss=(policy_loss * valid).sum() / count,
+                         value_loss=(value_loss * valid).sum() / count,
+                         entropy=(train_info.entropy * valid).sum() / count,
+                         approx_kl=(((ratio - 1) - log_ratio) * valid).sum() / count,
+                         clip_fraction=(((ratio - 1).abs() > self.clip_range).float() * valid).sum() / count)
+        return LossInfo(loss=loss.view(shape), extra=extra)

@@ -1,0 +1,125 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018, "SAC: Algorithms and Applications"), continuous actions.
+
+Twin critics are one ``EnsembleMLP`` (one batched matmul per layer); the entropy temperature is learned on log-alpha.
+The three losses are summed into one and back-propagated once: the critic term sees the TD target computed without
+gradient, the actor term reads the critics through detached weights, the alpha term sees a detached log-prob.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, NamedTuple, Optional, Sequence
+
+import gin
+import gymnasium as gym
+import torch
+from torch import nn
+
+from alfish.algorithms.base import OffPolicyAlgorithm
+from alfish.data.types import AlgStep, Experience, LossInfo, StepType
+from alfish.networks.distributions import tanh_gaussian_sample
+from alfish.networks.mlp import MLP, EnsembleMLP
+
+LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementation
+
+
+class SacTrainInfo(NamedTuple):
+    critic_loss: torch.Tensor  # [N]
+    actor_loss: torch.Tensor   # [N]
+    alpha_loss: torch.Tensor   # [N]
+    log_prob: torch.Tensor     # [N]
+
+
+@gin.configurable
+class SacAlgorithm(OffPolicyAlgorithm):
+    """SAC.
+
+    Args:
+        hidden_sizes: hidden layers of the actor and of each critic.
+        actor_lr, critic_lr, alpha_lr: Adam learning rates of the three parameter groups.
+        gamma: discount per env step.
+        target_update_tau: Polyak factor for target critics (1 = hard copy).
+        target_update_period: optimizer steps between target updates.
+        initial_log_alpha: starting log of the entropy temperature.
+        target_entropy: entropy the temperature aims for; ``None`` means ``-action_dim``.
+        num_critics: ensemble size; the TD target takes the minimum over members.
+    """
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
+                 hidden_sizes: Sequence[int] = (256, 256), actor_lr: float = 3e-4, critic_lr: float = 3e-4,
+                 alpha_lr: float = 3e-4, gamma: float = 0.99, target_update_tau: float = 0.005,
+                 target_update_period: int = 1, initial_log_alpha: float = 0.0,
+                 target_entropy: Optional[float] = None, num_critics: int = 2):
+        super().__init__(observation_space, action_space)
+        if self.discrete:
+            raise ValueError(f"SacAlgorithm needs a Box action space, got {action_space}; use PpoAlgorithm or "
+                             "A2cAlgorithm for discrete actions")
+        self.actor = MLP(self.obs_dim, 2 * self.action_dim, hidden_sizes)
+        self.critics = EnsembleMLP(num_critics, self.obs_dim + self.action_dim, 1, hidden_sizes)
+        self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
+        self.log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
+        self.gamma = gamma
+        self.tau = target_update_tau
+        self.target_update_period = target_update_period
+        self.target_entropy = -float(self.action_dim) if target_entropy is None else float(target_entropy)
+        self._lrs = dict(actor=actor_lr, critic=critic_lr, alpha=alpha_lr)
+        self.register_buffer("num_updates", torch.zeros((), dtype=torch.int64))
+
+    def param_groups(self) -> list[dict]:
+        return [dict(name="actor", params=list(self.actor.parameters()), lr=self._lrs["actor"]),
+                dict(name="critic", params=list(self.critics.parameters()), lr=self._lrs["critic"]),
+                dict(name="alpha", params=[self.log_alpha], lr=self._lrs["alpha"])]
+
+    # ----------------------------------------------------------------------------------------------------- acting --
+    def _policy(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Unit-box action ``[N, action_dim]`` and its log-prob ``[N]``."""
+        mean, log_std = self.actor(obs).chunk(2, dim=-1)
+        return tanh_gaussian_sample(mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX), deterministic=greedy)
+
+    def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
+        unit_action, _ = self._policy(self.flat_obs(obs), greedy)
+        return self.scale_action(unit_action), ()
+
+    # --------------------------------------------------------------------------------------------------- training --
+    def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:
+        """Losses of the ``L-1`` transitions of ``exp`` ``[L, B]``, each ``[(L-1) * B]``."""
+        obs = self.flat_obs(exp.observation, batch_dims=2)
+        obs_t, obs_next = obs[:-1].flatten(0, 1), obs[1:].flatten(0, 1)
+        act_t = self.unscale_action(exp.action[:-1].flatten(0, 1))
+        reward, discount = exp.reward[1:].flatten(), exp.discount[1:].flatten()
+        alpha = self.log_alpha.detach().exp()
+
+        with torch.no_grad():
+            next_action, next_log_prob = self._policy(obs_next, greedy=False)
+            next_q = self.target_critics(torch.cat([obs_next, next_action], -1)).min(0).values.squeeze(-1)
+            td_target = reward + self.gamma * discount * (next_q - alpha * next_log_prob)
+
+        q = self.critics(torch.cat([obs_t, act_t], -1)).squeeze(-1)            # [E, N]
+        critic_loss = 0.5 * ((q - td_target) ** 2).sum(0)
+
+        new_action, log_prob = self._policy(obs_t, greedy=False)
+        q_new = self.critics(torch.cat([obs_t, new_action], -1), detach_params=True).min(0).values.squeeze(-1)
+        actor_loss = alpha * log_prob - q_new
+
+        alpha_loss = -self.log_alpha * (log_prob.detach() + self.target_entropy)
+        return AlgStep(info=SacTrainInfo(critic_loss, actor_loss, alpha_loss, log_prob.detach()))
+
+    def calc_loss(self, exp: Experience, train_info: SacTrainInfo) -> LossInfo:
+        """Per-transition loss ``[L-1, B]``; transitions out of a LAST step (env autoreset) are masked out."""
+        shape = exp.step_type[:-1].shape
+        valid = (exp.step_type[:-1] != StepType.LAST).to(train_info.critic_loss.dtype).flatten()
+        loss = (train_info.critic_loss + train_info.actor_loss + train_info.alpha_loss) * valid
+        count = valid.sum().clamp(min=1.0)
+        extra = dict(critic_loss=(train_info.critic_loss * valid).sum() / count,
+                     actor_loss=(train_info.actor_loss * valid).sum() / count,
+                     alpha_loss=(train_info.alpha_loss * valid).sum() / count,
+                     alpha=self.log_alpha.detach().exp(),
+                     entropy=-(train_info.log_prob * valid).sum() / count)
+        return LossInfo(loss=loss.view(shape), extra=extra)
+
+    def after_update(self) -> None:
+        self.num_updates += 1
+        # The modulo reads the counter back (a host sync on GPU), so skip it in the common period-1 case.
+        if self.target_update_period == 1 or int(self.num_updates) % self.target_update_period == 0:
+            with torch.no_grad():
+                torch._foreach_lerp_(list(self.target_critics.parameters()), list(self.critics.parameters()),
+                                     self.tau)

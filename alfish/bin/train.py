@@ -1,0 +1,59 @@
+"""Train an experiment described by a gin conf.
+
+    python -m alfish.bin.train --conf confs/sac_pendulum.gin --root_dir runs/sac [--conf_param 'Name.param=value' ...]
+
+Re-running with the same --root_dir resumes from its newest valid checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Optional, Sequence
+
+from alfish.config import ConfError, TrainerConfig, load_conf, write_config_record
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m alfish.bin.train", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conf", required=True, help="gin conf file")
+    parser.add_argument("--conf_param", action="append", default=[],
+                        help="extra gin binding, e.g. 'TrainerConfig.num_iterations=100' (repeatable)")
+    parser.add_argument("--root_dir", required=True, help="results directory (checkpoints, TensorBoard, config)")
+    return parser.parse_args(argv)
+
+
+def setup_logging(root_dir: str) -> None:
+    os.makedirs(root_dir, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(os.path.join(root_dir, "log.txt"))):
+        handler.setFormatter(fmt)
+        root.addHandler(handler)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        load_conf(args.conf, args.conf_param)
+        config = TrainerConfig(root_dir=args.root_dir, conf_file=args.conf)
+    except (ConfError, ValueError, TypeError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    setup_logging(args.root_dir)
+    from alfish.trainer.trainer import Trainer  # after the conf is known good: imports torch-heavy modules
+
+    try:
+        trainer = Trainer(config)
+    except (ValueError, TypeError) as err:
+        logging.error("could not build the experiment: %s", err)
+        return 2
+    write_config_record(args.root_dir)  # logs a warning for each binding that was set but never used
+    return trainer.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

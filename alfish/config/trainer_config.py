@@ -1,0 +1,380 @@
+"""TrainerConfig: every knob of a training run, with ALF's names and defaults.
+
+ALF users move their confs over unchanged: the parameter names and defaults are ALF's. Values are validated when the
+object is built, so a bad conf fails with one line naming the parameter before any environment starts. Parameters
+of features alfish has not built yet are listed in ``NOT_BUILT_YET``; setting one to a non-default value is an error
+(delete its entry when the feature lands).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from fractions import Fraction
+from typing import Any, Callable, Optional, Sequence
+
+import gin
+
+# Parameters whose feature is not built yet -> what is missing. Setting one to a non-default value raises.
+NOT_BUILT_YET: dict[str, str] = {
+    "data_transformer_ctor": "data transformers (normalizers, frame stacking, HER) are not built yet",
+    "async_unroll": "asynchronous unroll in a child process is not built yet",
+    "max_unroll_length": "only used by asynchronous unroll, which is not built yet",
+    "unroll_queue_size": "only used by asynchronous unroll, which is not built yet",
+    "unroll_step_interval": "only used by asynchronous unroll, which is not built yet",
+    "unroll_parameter_update_period": "only used by asynchronous unroll, which is not built yet",
+    "use_rollout_state": "recurrent (stateful) policies are not built yet",
+    "no_thread_env_for_conf": "alfish never creates a separate env to show the config",
+    "eval_uncertainty": "uncertainty evaluation is not built yet",
+    "ddp_paras_check_interval": "the DDP parameter consistency check is not built yet",
+    "profiling": "the profiler integration is not built yet",
+    "enable_amp": "mixed-precision (AMP) training is not built yet",
+    "code_snapshots": "code snapshots into root_dir are not built yet",
+    "summarize_gradient_noise_scale": "the gradient-noise-scale summary is not built yet",
+    "summarize_action_distributions": "action distribution summaries are not built yet",
+    "summarize_output": "network output summaries are not built yet",
+    "update_counter_every_mini_batch": "the global counter advances once per iteration only",
+    "priority_replay": "prioritized replay is not built yet",
+    "priority_replay_alpha": "only used by prioritized replay, which is not built yet",
+    "priority_replay_beta": "only used by prioritized replay, which is not built yet",
+    "priority_replay_eps": "only used by prioritized replay, which is not built yet",
+    "normalize_importance_weights_by_max": "only used by prioritized replay, which is not built yet",
+    "offline_buffer_dir": "offline / hybrid training is not built yet",
+    "offline_buffer_length": "offline / hybrid training is not built yet",
+    "rl_train_after_update_steps": "offline / hybrid training is not built yet",
+    "rl_train_every_update_steps": "offline / hybrid training is not built yet",
+    "empty_cache": "emptying the CUDA cache every iteration is not built yet",
+}
+
+
+class TrainerConfigError(ValueError):
+    """A bad TrainerConfig value; its str() is always the one-line message.
+
+    gin re-raises every exception escaping a configurable as a subclass of the exception's type whose str() appends
+    a second line ("In call to configurable ..."). `__init_subclass__` restores the one-line str() on that subclass;
+    the message itself is read through gin's proxy, which forwards missing attributes to the original exception.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.__str__ = TrainerConfigError.__str__
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@gin.configurable
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig:
+    """All parameters of one training run (ALF's names and defaults; validated on construction).
+
+    An *iteration* is one unroll phase followed by one training phase. Counts of env steps are summed over all
+    environments (and all DDP ranks' environments are not included: each rank counts its own). The object is frozen;
+    use ``dataclasses.replace(config, random_seed=...)`` to derive a changed copy.
+
+    Args:
+        root_dir: directory for checkpoints, summaries and the config record (passed by the train command).
+        conf_file: path of the conf file this config came from (recorded for reference only).
+        ml_type: kind of learning; only 'rl' (reinforcement learning) is supported.
+        algorithm_ctor: the algorithm's constructor, e.g. ``@SacAlgorithm``; the trainer calls it with the env specs.
+        data_transformer_ctor: constructor(s) of data transformers applied to experience (not built yet).
+        random_seed: seed for torch/numpy/python and the envs; None picks one at random and logs it.
+        num_iterations: stop after this many iterations (<= 0: no limit from iterations).
+        num_env_steps: stop after this many env steps summed over all envs (<= 0: no limit from env steps); when
+            both limits are > 0, training stops at whichever is reached first.
+        unroll_length: env steps per env per iteration; a fraction < 1 means one step every 1/unroll_length
+            iterations.
+        unroll_with_grad: keep the autograd graph during unroll (on-policy algorithms that train on the unroll).
+        async_unroll: unroll in a child process feeding a queue while the main process trains (not built yet).
+        max_unroll_length: async unroll: most env steps per env taken in one iteration (not built yet).
+        unroll_queue_size: async unroll: capacity of the queue of unrolled steps (not built yet).
+        unroll_step_interval: async unroll: minimum seconds between two env steps (not built yet).
+        unroll_parameter_update_period: async unroll: iterations between pushes of fresh policy parameters to the
+            unroller (not built yet).
+        use_rollout_state: store the recurrent rollout state with the experience (not built yet).
+        temporally_independent_train_step: train_step sees all time steps of a mini-batch at once; None decides
+            automatically, True forces it (False needs a recurrent train_step, not built yet).
+        num_checkpoints: number of checkpoints, evenly spaced over the run, the last at its end (0: none).
+        confirm_checkpoint_upon_crash: write a checkpoint when training crashes (alfish never prompts for it).
+        no_thread_env_for_conf: ALF-only: do not create an extra env to show the config (not built yet).
+        evaluate: evaluate the greedy policy periodically in separate eval envs.
+        num_evals: number of evaluations over the run; when set it overrides eval_interval.
+        eval_interval: iterations between two evaluations.
+        epsilon_greedy: probability in [0, 1] of sampling an action instead of the greedy one in evaluation/play.
+        eval_uncertainty: evaluate the uncertainty estimates of ensembles (not built yet).
+        num_eval_episodes: episodes per evaluation, summed over the eval envs.
+        num_eval_environments: number of parallel eval envs.
+        async_eval: run evaluation in a child process so training does not wait for it.
+        ddp_paras_check_interval: iterations between checks that DDP ranks hold equal parameters (not built yet).
+        num_summaries: number of summary writes over the run; when set it overrides summary_interval.
+        summary_interval: iterations between two summary writes.
+        summarize_first_interval: write summaries at every iteration of the first summary interval.
+        update_counter_every_mini_batch: advance the global counter per mini-batch instead of per iteration
+            (not built yet).
+        summaries_flush_secs: seconds between flushes of the summary writer to disk.
+        summary_max_queue: summaries queued in memory before a flush is forced.
+        metric_min_buffer_size: episodes kept in the buffer that averages episodic metrics (return, length).
+        debug_summaries: write extra summaries useful to debug the algorithm (costs host syncs).
+        profiling: profile the training loop (not built yet).
+        enable_amp: mixed-precision training with autocast and a gradient scaler (not built yet).
+        code_snapshots: source files to copy into root_dir (not built yet).
+        summarize_grads_and_vars: write norms/histograms of parameters and their gradients.
+        summarize_gradient_noise_scale: write the gradient noise scale (not built yet).
+        summarize_action_distributions: write action distribution summaries (not built yet).
+        summarize_output: write summaries of network outputs (not built yet).
+        initial_collect_steps: env steps summed over all envs collected before any training starts.
+        num_updates_per_train_iter: gradient-update passes per iteration (epochs over the buffer with
+            whole_replay_buffer_training).
+        mini_batch_length: steps per sampled sequence (None: the algorithm's default / the whole unroll).
+        mini_batch_size: sequences per mini-batch (None: the algorithm's default / the whole buffer).
+        whole_replay_buffer_training: train on the whole buffer each iteration (PPO style) instead of samples.
+        replay_buffer_length: steps kept per env in the replay buffer's ring.
+        priority_replay: prioritized experience replay (not built yet).
+        priority_replay_alpha: prioritized replay: priority exponent (not built yet).
+        priority_replay_beta: prioritized replay: importance-weight exponent (not built yet).
+        priority_replay_eps: prioritized replay: added to every priority (not built yet).
+        offline_buffer_dir: directory of an offline replay buffer for offline/hybrid training (not built yet).
+        offline_buffer_length: steps loaded from the offline buffer (not built yet).
+        rl_train_after_update_steps: hybrid training: updates before RL training starts (not built yet).
+        rl_train_every_update_steps: hybrid training: RL training every so many updates (not built yet).
+        empty_cache: call torch.cuda.empty_cache() every iteration (not built yet).
+        normalize_importance_weights_by_max: prioritized replay: divide importance weights by their max
+            (not built yet).
+        clear_replay_buffer: with whole_replay_buffer_training, clear the buffer after each iteration.
+    """
+
+    root_dir: str
+    conf_file: str = ''
+    ml_type: str = 'rl'
+    algorithm_ctor: Optional[Callable[..., Any]] = None
+    data_transformer_ctor: Optional[Any] = None
+    random_seed: Optional[int] = None
+    num_iterations: int = 1000
+    num_env_steps: int = 0
+    unroll_length: float = 8
+    unroll_with_grad: bool = False
+    async_unroll: bool = False
+    max_unroll_length: int = 0
+    unroll_queue_size: int = 200
+    unroll_step_interval: float = 0
+    unroll_parameter_update_period: int = 10
+    use_rollout_state: bool = False
+    temporally_independent_train_step: Optional[bool] = None
+    num_checkpoints: int = 10
+    confirm_checkpoint_upon_crash: bool = True
+    no_thread_env_for_conf: bool = False
+    evaluate: bool = False
+    num_evals: Optional[int] = None
+    eval_interval: int = 10
+    epsilon_greedy: float = 0.
+    eval_uncertainty: bool = False
+    num_eval_episodes: int = 10
+    num_eval_environments: int = 1
+    async_eval: bool = True
+    ddp_paras_check_interval: int = 0
+    num_summaries: Optional[int] = None
+    summary_interval: int = 50
+    summarize_first_interval: bool = True
+    update_counter_every_mini_batch: bool = False
+    summaries_flush_secs: float = 1
+    summary_max_queue: int = 10
+    metric_min_buffer_size: int = 10
+    debug_summaries: bool = False
+    profiling: bool = False
+    enable_amp: bool = False
+    code_snapshots: Optional[Sequence[str]] = None
+    summarize_grads_and_vars: bool = False
+    summarize_gradient_noise_scale: bool = False
+    summarize_action_distributions: bool = False
+    summarize_output: bool = False
+    initial_collect_steps: int = 0
+    num_updates_per_train_iter: int = 4
+    mini_batch_length: Optional[int] = None
+    mini_batch_size: Optional[int] = None
+    whole_replay_buffer_training: bool = True
+    replay_buffer_length: int = 1024
+    priority_replay: bool = False
+    priority_replay_alpha: float = 0.7
+    priority_replay_beta: float = 0.4
+    priority_replay_eps: float = 1e-6
+    offline_buffer_dir: Optional[str] = None
+    offline_buffer_length: Optional[int] = None
+    rl_train_after_update_steps: int = 0
+    rl_train_every_update_steps: int = 1
+    empty_cache: bool = False
+    normalize_importance_weights_by_max: bool = False
+    clear_replay_buffer: bool = True
+
+    def __post_init__(self) -> None:
+        """Validates all parameters; raises a one-line TrainerConfigError (a ValueError) naming each offender."""
+        problems = validation_problems(self)
+        if len(problems) == 1:
+            raise TrainerConfigError(problems[0])
+        if problems:
+            numbered = ' '.join(f'[{i}] {p}.' for i, p in enumerate(problems, 1))
+            raise TrainerConfigError(f'{len(problems)} problems in TrainerConfig: {numbered}')
+
+    def expected_num_iterations(self, num_envs: int) -> int:
+        """Iterations the run will take with `num_envs` training envs (the first of the two limits reached)."""
+        if num_envs < 1:
+            raise ValueError(f"num_envs={num_envs} must be >= 1")
+        limits = []
+        if self.num_iterations > 0:
+            limits.append(int(self.num_iterations))
+        if self.num_env_steps > 0:
+            # Exact rational arithmetic so that e.g. unroll_length=0.1 does not lose an iteration to rounding.
+            steps_per_iteration = Fraction(self.unroll_length).limit_denominator(10**6) * num_envs
+            limits.append(math.ceil(Fraction(self.num_env_steps) / steps_per_iteration))
+        return min(limits)
+
+    def resolved_summary_interval(self, num_envs: int) -> int:
+        """Iterations between summaries: from num_summaries when set, else summary_interval."""
+        return self._resolved_interval(self.num_summaries, self.summary_interval, num_envs)
+
+    def resolved_eval_interval(self, num_envs: int) -> int:
+        """Iterations between evaluations: from num_evals when set, else eval_interval."""
+        return self._resolved_interval(self.num_evals, self.eval_interval, num_envs)
+
+    def checkpoint_iterations(self, num_envs: int) -> list[int]:
+        """Iterations (1-based, ascending, distinct) after which to checkpoint; the last is the run's end.
+
+        `num_checkpoints` points evenly spaced over the run (fewer if the run has fewer iterations); empty when
+        num_checkpoints is 0.
+        """
+        total = self.expected_num_iterations(num_envs)
+        n = self.num_checkpoints
+        points = {(total * i) // n for i in range(1, n + 1)}
+        return sorted(p for p in points if p >= 1)
+
+    def _resolved_interval(self, count: Optional[int], interval: int, num_envs: int) -> int:
+        """`count` events evenly over the run when count is set, else the fixed `interval`."""
+        if count is None:
+            return interval
+        return max(1, self.expected_num_iterations(num_envs) // count)
+
+
+def _is_number(value: Any) -> bool:
+    """True for ints and floats (bools are rejected: `num_iterations=True` is a typo, not a count)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _field_defaults() -> dict[str, Any]:
+    """Default value of every TrainerConfig parameter that has one."""
+    return {f.name: f.default for f in dataclasses.fields(TrainerConfig)
+            if f.default is not dataclasses.MISSING}
+
+
+# Parameters that must be numbers (when not None); checked first so range checks can compare safely.
+_NUMERIC = (
+    'num_iterations', 'num_env_steps', 'unroll_length', 'num_checkpoints', 'num_evals', 'eval_interval',
+    'epsilon_greedy', 'num_eval_episodes', 'num_eval_environments', 'num_summaries', 'summary_interval',
+    'summaries_flush_secs', 'summary_max_queue', 'metric_min_buffer_size', 'initial_collect_steps',
+    'num_updates_per_train_iter', 'mini_batch_length', 'mini_batch_size', 'replay_buffer_length',
+)
+
+
+def validation_problems(config: TrainerConfig) -> list[str]:
+    """All problems of `config`, each one sentence naming the parameter(s) and the fix; empty when valid."""
+    problems = _type_problems(config)
+    if problems:  # Range checks would compare strings with numbers; report the types first.
+        return problems
+    return _not_built_problems(config) + _range_problems(config) + _cross_field_problems(config)
+
+
+def _type_problems(config: TrainerConfig) -> list[str]:
+    """Numeric parameters holding something other than a number."""
+    return [f"TrainerConfig.{name}={getattr(config, name)!r} must be a number"
+            for name in _NUMERIC
+            if getattr(config, name) is not None and not _is_number(getattr(config, name))]
+
+
+def _not_built_problems(config: TrainerConfig) -> list[str]:
+    """Features alfish has not built yet, and values alfish does not support, set in the conf."""
+    defaults = _field_defaults()
+    problems = [
+        f"TrainerConfig.{name}={_one_line_repr(getattr(config, name))} is not supported yet in alfish ({reason}); "
+        f"remove it from the conf or set it to {defaults[name]!r}"
+        for name, reason in NOT_BUILT_YET.items() if getattr(config, name) != defaults[name]
+    ]
+    if config.ml_type != 'rl':
+        problems.append(f"TrainerConfig.ml_type={config.ml_type!r} is not supported yet in alfish (only "
+                        f"reinforcement learning is built); remove it from the conf or set it to 'rl'")
+    if config.temporally_independent_train_step is False:
+        problems.append("TrainerConfig.temporally_independent_train_step=False is not supported yet in alfish "
+                        "(no recurrent train_step is built); remove it from the conf or set it to None or True")
+    return problems
+
+
+def _range_problems(config: TrainerConfig) -> list[str]:
+    """Single parameters outside their valid range."""
+    c = config
+    checks = [
+        (not c.root_dir, "TrainerConfig.root_dir is empty; pass --root_dir to the train command"),
+        (c.algorithm_ctor is None,
+         "TrainerConfig.algorithm_ctor is not set; set it in the conf, "
+         "e.g. TrainerConfig.algorithm_ctor=@SacAlgorithm"),
+        (c.num_iterations <= 0 and c.num_env_steps <= 0,
+         f"TrainerConfig.num_iterations={c.num_iterations} and TrainerConfig.num_env_steps={c.num_env_steps}: "
+         f"set at least one of them > 0 (training stops at whichever is reached first)"),
+        (c.unroll_length <= 0,
+         f"TrainerConfig.unroll_length={c.unroll_length} must be > 0 (env steps per env per iteration; "
+         f"a fraction < 1 steps every 1/unroll_length iterations)"),
+        (c.num_checkpoints < 0, f"TrainerConfig.num_checkpoints={c.num_checkpoints} must be >= 0 (0: no checkpoints)"),
+        (c.initial_collect_steps < 0,
+         f"TrainerConfig.initial_collect_steps={c.initial_collect_steps} must be >= 0 (env steps before training)"),
+        (c.num_updates_per_train_iter < 1,
+         f"TrainerConfig.num_updates_per_train_iter={c.num_updates_per_train_iter} must be >= 1"),
+        (c.replay_buffer_length < 1, f"TrainerConfig.replay_buffer_length={c.replay_buffer_length} must be >= 1"),
+        (c.mini_batch_size is not None and c.mini_batch_size < 1,
+         f"TrainerConfig.mini_batch_size={c.mini_batch_size} must be >= 1 or None"),
+        (c.mini_batch_length is not None and c.mini_batch_length < 1,
+         f"TrainerConfig.mini_batch_length={c.mini_batch_length} must be >= 1 or None"),
+        (c.num_evals is not None and c.num_evals < 1, f"TrainerConfig.num_evals={c.num_evals} must be >= 1 or None"),
+        (c.num_summaries is not None and c.num_summaries < 1,
+         f"TrainerConfig.num_summaries={c.num_summaries} must be >= 1 or None"),
+        (c.summary_interval < 1, f"TrainerConfig.summary_interval={c.summary_interval} must be >= 1 (iterations)"),
+        (not 0 <= c.epsilon_greedy <= 1, f"TrainerConfig.epsilon_greedy={c.epsilon_greedy} must be in [0, 1]"),
+        (c.summaries_flush_secs <= 0,
+         f"TrainerConfig.summaries_flush_secs={c.summaries_flush_secs} must be > 0 (seconds)"),
+        (c.summary_max_queue < 1, f"TrainerConfig.summary_max_queue={c.summary_max_queue} must be >= 1"),
+        (c.metric_min_buffer_size < 1,
+         f"TrainerConfig.metric_min_buffer_size={c.metric_min_buffer_size} must be >= 1 (episodes)"),
+    ]
+    return [message for failed, message in checks if failed]
+
+
+def _cross_field_problems(config: TrainerConfig) -> list[str]:
+    """Parameters that are valid alone but not together."""
+    c = config
+    needed_length = math.ceil(c.unroll_length) + 1 if c.unroll_length > 0 else 0
+    checks = [
+        (not c.whole_replay_buffer_training and (c.mini_batch_size is None or c.mini_batch_length is None),
+         f"TrainerConfig.whole_replay_buffer_training=False needs TrainerConfig.mini_batch_size "
+         f"(now {c.mini_batch_size}) and TrainerConfig.mini_batch_length (now {c.mini_batch_length}) to be set"),
+        (c.whole_replay_buffer_training and c.replay_buffer_length < needed_length,
+         f"TrainerConfig.whole_replay_buffer_training=True needs TrainerConfig.replay_buffer_length "
+         f"(now {c.replay_buffer_length}) >= ceil(TrainerConfig.unroll_length)+1 = {needed_length} "
+         f"(one unroll plus the step to bootstrap from)"),
+        (c.mini_batch_length is not None and c.mini_batch_length > c.replay_buffer_length,
+         f"TrainerConfig.mini_batch_length={c.mini_batch_length} must be <= "
+         f"TrainerConfig.replay_buffer_length={c.replay_buffer_length}"),
+    ]
+    if c.evaluate:
+        checks += [
+            (c.num_eval_environments < 1, f"TrainerConfig.num_eval_environments={c.num_eval_environments} must be "
+                                          f">= 1 when TrainerConfig.evaluate=True"),
+            (c.num_eval_episodes < 1, f"TrainerConfig.num_eval_episodes={c.num_eval_episodes} must be >= 1 when "
+                                      f"TrainerConfig.evaluate=True"),
+            (c.eval_interval < 1, f"TrainerConfig.eval_interval={c.eval_interval} must be >= 1 (iterations) when "
+                                  f"TrainerConfig.evaluate=True"),
+        ]
+    return [message for failed, message in checks if failed]
+
+
+def _one_line_repr(value: Any) -> str:
+    """repr() squeezed onto one line, so error messages stay one line."""
+    return ' '.join(repr(value).split())

@@ -1,0 +1,188 @@
+"""A batch of gymnasium environments that speaks ``TimeStep`` tensors (DESIGN.md §3.5).
+
+Stepping is done by gymnasium's own vector envs (``SyncVectorEnv`` in-process, ``AsyncVectorEnv`` in subprocesses),
+with next-step autoreset: after a LAST step the env returns FIRST and ignores the action it was given.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Optional
+
+import gin
+import gymnasium as gym
+import numpy as np
+import torch
+
+from alfish.data.types import StepType, TimeStep
+
+VECTORIZATIONS = ("sync", "async")
+
+
+def _make_single_env(env_name: str, env_kwargs: dict, render_mode: Optional[str]) -> gym.Env:
+    """Build one env; module-level so that subprocess workers can unpickle it."""
+    import alfish.envs.toy  # noqa: F401  (registers alfish/* ids in worker processes too)
+
+    try:
+        return gym.make(env_name, render_mode=render_mode, **env_kwargs)
+    except gym.error.Error as err:
+        close = gym.envs.registration.find_highest_version(None, env_name.split("-v")[0]) if "-v" in env_name else None
+        raise ValueError(f"cannot make gymnasium env '{env_name}': {err}"
+                         + (f" (latest registered version: v{close})" if close is not None else "")) from None
+
+
+class BatchedEnv:
+    """``num_envs`` copies of one gymnasium env, stepped together.
+
+    Observations must be Box spaces (returned as float32 ``[B, *obs_shape]``); actions Box (float32
+    ``[B, *action_shape]``, clipped to the bounds) or Discrete (int64 ``[B]``).
+    """
+
+    def __init__(
+        self,
+        env_name: str,
+        num_envs: int,
+        seed: int,
+        vectorization: str = "sync",
+        env_kwargs: Optional[dict] = None,
+        render_mode: Optional[str] = None,
+        step_timeout_s: float = 60.0,
+    ):
+        if vectorization not in VECTORIZATIONS:
+            raise ValueError(f"create_environment.vectorization='{vectorization}' is not one of {VECTORIZATIONS}")
+        if num_envs < 1:
+            raise ValueError(f"create_environment.num_parallel_environments={num_envs} must be >= 1")
+        self.env_name = env_name
+        self.num_envs = num_envs
+        self._step_timeout_s = step_timeout_s
+        fns = [functools.partial(_make_single_env, env_name, dict(env_kwargs or {}), render_mode)] * num_envs
+        mode = gym.vector.AutoresetMode.NEXT_STEP
+        if vectorization == "sync":
+            self._venv = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+        else:
+            # forkserver: the workers do not inherit torch's threads or the trainer's signal handlers.
+            self._venv = gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="forkserver")
+        self._async = vectorization == "async"
+        self.observation_space = self._venv.single_observation_space
+        self.action_space = self._venv.single_action_space
+        self._check_spaces()
+        self.obs_shape = tuple(self.observation_space.shape)
+        self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
+        self.action_shape = () if self.discrete else tuple(self.action_space.shape)
+        if not self.discrete:
+            self._low = np.asarray(self.action_space.low, dtype=np.float32)
+            self._high = np.asarray(self.action_space.high, dtype=np.float32)
+        self._seed = seed
+        self._env_id = torch.arange(num_envs, dtype=torch.int64)
+        self._prev_done = np.zeros(num_envs, dtype=bool)
+        self._zero_action = torch.zeros((num_envs,) + self.action_shape,
+                                        dtype=torch.int64 if self.discrete else torch.float32)
+
+    def _check_spaces(self) -> None:
+        if not isinstance(self.observation_space, gym.spaces.Box):
+            raise ValueError(f"env '{self.env_name}' has observation space {self.observation_space}; alfish supports "
+                             "Box observations for now (wrap the env to flatten it)")
+        if not isinstance(self.action_space, (gym.spaces.Box, gym.spaces.Discrete)):
+            raise ValueError(f"env '{self.env_name}' has action space {self.action_space}; alfish supports Box and "
+                             "Discrete actions")
+
+    # ----------------------------------------------------------------------------------------------------------------
+    def reset(self, seed: Optional[int] = None) -> TimeStep:
+        """Reset every env (env ``i`` seeded ``seed + i``; default: the constructor's seed) and return FIRST steps."""
+        seed = self._seed if seed is None else seed
+        obs, _ = self._venv.reset(seed=[seed + i for i in range(self.num_envs)])
+        self._prev_done[:] = False
+        n = self.num_envs
+        return TimeStep(
+            step_type=torch.full((n,), StepType.FIRST, dtype=torch.int8),
+            reward=torch.zeros(n),
+            discount=torch.ones(n),
+            observation=self._to_obs_tensor(obs),
+            prev_action=self._zero_action.clone(),
+            env_id=self._env_id,
+        )
+
+    def step(self, action: torch.Tensor) -> TimeStep:
+        """Step every env with ``action`` ``[B, *action_shape]`` and return the next time steps."""
+        env_action = self._to_env_action(action)
+        if self._async:
+            self._venv.step_async(env_action)
+            obs, reward, terminated, truncated, _ = self._venv.step_wait(timeout=self._step_timeout_s)
+        else:
+            obs, reward, terminated, truncated, _ = self._venv.step(env_action)
+        first = self._prev_done
+        done = terminated | truncated
+        step_type = np.where(first, StepType.FIRST, np.where(done, StepType.LAST, StepType.MID)).astype(np.int8)
+        discount = np.where(terminated & ~first, 0.0, 1.0).astype(np.float32)
+        reward = np.where(first, 0.0, reward).astype(np.float32)
+        self._prev_done = done & ~first
+        prev_action = action.detach()
+        if first.any():
+            prev_action = torch.where(torch.from_numpy(first).view((-1,) + (1,) * len(self.action_shape)),
+                                      self._zero_action, prev_action)
+        return TimeStep(
+            step_type=torch.from_numpy(step_type),
+            reward=torch.from_numpy(reward),
+            discount=torch.from_numpy(discount),
+            observation=self._to_obs_tensor(obs),
+            prev_action=prev_action,
+            env_id=self._env_id,
+        )
+
+    def random_action(self) -> torch.Tensor:
+        """A uniformly random action for each env, ``[B, *action_shape]``."""
+        return torch.as_tensor(self._venv.action_space.sample(),
+                               dtype=torch.int64 if self.discrete else torch.float32)
+
+    def render(self) -> Any:
+        return self._venv.render()
+
+    def close(self) -> None:
+        self._venv.close()
+
+    # ----------------------------------------------------------------------------------------------------------------
+    def _to_obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
+        expected = (self.num_envs,) + tuple(self.observation_space.shape)
+        if obs.shape != expected:
+            raise ValueError(f"env '{self.env_name}' returned observation of shape {list(obs.shape)} but its "
+                             f"observation_space {self.observation_space} with {self.num_envs} envs means "
+                             f"{list(expected)}; fix the env's observation_space or its step/reset")
+        return torch.as_tensor(obs, dtype=torch.float32)
+
+    def _to_env_action(self, action: torch.Tensor) -> np.ndarray:
+        expected = (self.num_envs,) + self.action_shape
+        if not isinstance(action, torch.Tensor) or tuple(action.shape) != expected:
+            got = list(action.shape) if hasattr(action, "shape") else type(action).__name__
+            raise ValueError(f"action has shape {got} but env '{self.env_name}' ({self.action_space}) with "
+                             f"{self.num_envs} envs expects {list(expected)}")
+        if self.discrete:
+            if action.dtype.is_floating_point or action.dtype == torch.bool:
+                raise ValueError(f"action has dtype {action.dtype} but env '{self.env_name}' ({self.action_space}) "
+                                 "expects an integer dtype (e.g. torch.int64)")
+            return action.numpy().astype(np.int64, copy=False)
+        if not action.dtype.is_floating_point:
+            raise ValueError(f"action has dtype {action.dtype} but env '{self.env_name}' ({self.action_space}) "
+                             "expects a floating dtype (e.g. torch.float32)")
+        return np.clip(action.detach().numpy(), self._low, self._high)
+
+
+@gin.configurable
+def create_environment(
+    env_name: str = "CartPole-v1",
+    num_parallel_environments: int = 1,
+    seed: int = 0,
+    vectorization: str = "sync",
+    env_kwargs: Optional[dict] = None,
+    render_mode: Optional[str] = None,
+    step_timeout_s: float = 60.0,
+) -> BatchedEnv:
+    """Build the batched environment from gin.
+
+    env_name: any registered gymnasium id (classic control, box2d, MuJoCo, ``alfish/*`` toys).
+    num_parallel_environments: ``B``, the number of envs stepped together.
+    vectorization: ``'sync'`` (in this process) or ``'async'`` (one subprocess per env, gymnasium AsyncVectorEnv).
+    step_timeout_s: seconds an async step may take before it is an error (a dead or hung worker never hangs training).
+    """
+    logging.debug("creating %d x %s (%s)", num_parallel_environments, env_name, vectorization)
+    return BatchedEnv(env_name, num_parallel_environments, seed, vectorization, env_kwargs, render_mode,
+                      step_timeout_s)

@@ -1,0 +1,94 @@
+"""Tiny deterministic environments with a known optimal return, for learning tests and quick checks.
+
+They are registered as gymnasium ids ``alfish/PointGoal-v0`` (continuous) and ``alfish/Chain-v0`` (discrete).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+
+
+class PointGoal(gym.Env):
+    """A point on a line starting at x=0.8 must reach 0 and stay there.
+
+    Action ``a`` in [-1, 1] moves ``x += 0.25 * a``; the reward is ``-|x|`` after the move. Episodes are truncated after
+    10 steps (a time limit, so bootstrapping matters). Optimal return: -(0.55 + 0.30 + 0.05) = -0.9; a random policy
+    gets about -6.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    OPTIMAL_RETURN = -0.9
+
+    def __init__(self, render_mode: str | None = None):
+        self.observation_space = gym.spaces.Box(-2.0, 2.0, shape=(1,), dtype=np.float32)
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32)
+        self.render_mode = render_mode
+        self._x = 0.8
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[np.ndarray, dict]:
+        super().reset(seed=seed)
+        self._x = 0.8
+        return np.array([self._x], dtype=np.float32), {}
+
+    def step(self, action: Any):
+        a = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], -1.0, 1.0))
+        self._x = float(np.clip(self._x + 0.25 * a, -2.0, 2.0))
+        return np.array([self._x], dtype=np.float32), -abs(self._x), False, False, {}
+
+    def render(self) -> np.ndarray:
+        frame = np.full((32, 64, 3), 255, dtype=np.uint8)
+        col = int(np.clip((self._x + 2.0) / 4.0 * 63, 0, 63))
+        frame[:, 31, :] = 0  # the goal
+        frame[8:24, col, :] = (200, 0, 0)
+        return frame
+
+
+class Chain(gym.Env):
+    """Five cells in a row; start in cell 0, the goal is cell 4. Actions: 0 = left, 1 = right.
+
+    Reward -0.1 per step, +1 on reaching the goal (which terminates). Truncated after 10 steps.
+    Observation: one-hot cell. Optimal return: 3 * -0.1 + 1 = 0.7; a random policy averages below 0.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    OPTIMAL_RETURN = 0.7
+    N = 5
+
+    def __init__(self, render_mode: str | None = None):
+        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(self.N,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.render_mode = render_mode
+        self._pos = 0
+
+    def _obs(self) -> np.ndarray:
+        obs = np.zeros(self.N, dtype=np.float32)
+        obs[self._pos] = 1.0
+        return obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._pos = 0
+        return self._obs(), {}
+
+    def step(self, action: Any):
+        self._pos = int(np.clip(self._pos + (1 if int(action) == 1 else -1), 0, self.N - 1))
+        at_goal = self._pos == self.N - 1
+        return self._obs(), (1.0 if at_goal else -0.1), at_goal, False, {}
+
+    def render(self) -> np.ndarray:
+        frame = np.full((16, 16 * self.N, 3), 255, dtype=np.uint8)
+        frame[:, 16 * (self.N - 1):, 1] = 180
+        frame[4:12, 16 * self._pos + 4:16 * self._pos + 12, :] = (200, 0, 0)
+        return frame
+
+
+def register_toy_envs() -> None:
+    """Register the toy envs with gymnasium (idempotent)."""
+    for env_id, entry in (("alfish/PointGoal-v0", PointGoal), ("alfish/Chain-v0", Chain)):
+        if env_id not in gym.registry:
+            gym.register(id=env_id, entry_point=entry, max_episode_steps=10)
+
+
+register_toy_envs()

@@ -1,0 +1,48 @@
+"""Action distributions written out as the few formulas the algorithms need (no torch.distributions overhead)."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+LOG_2 = math.log(2.0)
+HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
+
+
+def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
+    """Log density of a diagonal Gaussian, summed over the last dim: ``[N, D] -> [N]``."""
+    return (-0.5 * ((x - mean) * torch.exp(-log_std)) ** 2 - log_std - HALF_LOG_2PI).sum(-1)
+
+
+def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
+    """Entropy of a diagonal Gaussian, summed over the last dim."""
+    return (log_std + 0.5 + HALF_LOG_2PI).sum(-1)
+
+
+def tanh_gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor, deterministic: bool = False
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reparameterised sample ``a = tanh(u)``, ``u ~ N(mean, std)``, and its log density ``[N]``.
+
+    The tanh correction ``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))`` is the numerically stable form.
+    """
+    u = mean if deterministic else mean + torch.exp(log_std) * torch.randn_like(mean)
+    log_prob = gaussian_log_prob(u, mean, log_std)
+    log_prob = log_prob - (2.0 * (LOG_2 - u - F.softplus(-2.0 * u))).sum(-1)
+    return torch.tanh(u), log_prob
+
+
+def categorical_log_prob(logits: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """``logits [N, K]``, ``action [N]`` int -> ``[N]``."""
+    return torch.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+
+
+def categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
+    logp = torch.log_softmax(logits, -1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def categorical_sample(logits: torch.Tensor) -> torch.Tensor:
+    """One sample per row via the Gumbel-max trick (cheaper than torch.multinomial for small batches)."""
+    gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(1e-20, 1.0)))
+    return torch.argmax(logits + gumbel, dim=-1)

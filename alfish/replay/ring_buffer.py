@@ -1,0 +1,112 @@
+"""Per-environment ring storage of raw experience, with uniform sampling of contiguous sequences.
+
+Each environment ``e`` owns a ring of ``capacity`` slots. Slot ``i`` of env ``e`` holds the step written at absolute
+index ``i`` (``write_count[e]`` counts all writes, so the ring holds indices ``[write_count - capacity, write_count)``).
+A stored step is an ``Experience`` (TimeStep fields + the action chosen + rollout info); the next observation of a step
+is simply the next slot, so nothing is stored twice.
+
+A sampled sequence never wraps from the newest slot to the oldest: it lies inside one env's contiguous history.
+Episode boundaries inside a sequence are visible from the step types (LAST followed by FIRST).
+"""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+
+from alfish.data import nest
+from alfish.data.types import BatchInfo, Experience
+
+
+class RingBuffer:
+    """Storage for ``num_envs`` rings of ``capacity`` steps each.
+
+    Leaves are allocated on the first ``add`` with shape ``[num_envs, capacity, *leaf_shape]`` and the leaf's dtype.
+    """
+
+    def __init__(self, num_envs: int, capacity: int, device: str | torch.device = "cpu",
+                 generator: Optional[torch.Generator] = None):
+        self.num_envs = num_envs
+        self.capacity = capacity
+        self.device = torch.device(device)
+        self._storage: Any = None
+        self._write_count = torch.zeros(num_envs, dtype=torch.int64)
+        self._floor = torch.zeros(num_envs, dtype=torch.int64)  # steps before this index were cleared
+        self._generator = generator
+
+    # ---------------------------------------------------------------------------------------------------- writing --
+    def add(self, exp: Experience) -> None:
+        """Append one step per env: ``exp`` leaves are ``[B, ...]`` and ``exp.env_id`` says which ring each row goes to."""
+        # Storage must be ordinary tensors even when rollouts run under torch.inference_mode.
+        with torch.inference_mode(False):
+            self._add(exp)
+
+    def _add(self, exp: Experience) -> None:
+        if self._storage is None:
+            self._storage = nest.map_nest(
+                lambda x: torch.zeros((self.num_envs, self.capacity) + tuple(x.shape[1:]), dtype=x.dtype,
+                                      device=self.device), exp)
+        env_ids = exp.env_id
+        slots = self._write_count[env_ids] % self.capacity
+        nest.map_nest(lambda store, x: store.__setitem__((env_ids, slots), x.to(self.device)), self._storage, exp)
+        self._write_count[env_ids] += 1
+
+    def clear(self, keep_last: int = 0) -> None:
+        """Forget everything except the newest ``keep_last`` steps of each env (kept at their absolute indices)."""
+        # The kept steps stay in their slots; only the oldest readable index moves.
+        self._floor = torch.maximum(self._floor, self._write_count - keep_last)
+
+    # ---------------------------------------------------------------------------------------------------- reading --
+    def oldest_index(self) -> torch.Tensor:
+        """Absolute index ``[num_envs]`` of the oldest readable step of each env."""
+        return torch.maximum(self._write_count - self.capacity, self._floor)
+
+    def num_stored(self) -> torch.Tensor:
+        """Readable steps ``[num_envs]`` per env."""
+        return self._write_count - self.oldest_index()
+
+    def total_stored(self) -> int:
+        return int(self.num_stored().sum())
+
+    def gather(self, env_ids: torch.Tensor, positions: torch.Tensor, length: int) -> Experience:
+        """Sequences ``[N, length]`` starting at absolute indices ``positions`` ``[N]`` of rings ``env_ids`` ``[N]``."""
+        idx = (positions.unsqueeze(1) + torch.arange(length)) % self.capacity
+        rows = env_ids.unsqueeze(1)
+        return nest.map_nest(lambda store: store[rows, idx], self._storage)
+
+    def sample_uniform(self, batch_size: int, length: int) -> tuple[Experience, BatchInfo]:
+        """``batch_size`` sequences of ``length`` steps, uniform over all fully stored sequences: ``[B, L]``."""
+        starts = self.num_stored() - length + 1  # sequences that fit, per env
+        starts = torch.clamp(starts, min=0)
+        if int(starts.sum()) == 0:
+            raise RuntimeError(f"the replay buffer holds {self.num_stored().tolist()} steps per env, too few for "
+                               f"sequences of mini_batch_length={length}; collect more (initial_collect_steps)")
+        env_ids = torch.multinomial(starts.float(), batch_size, replacement=True, generator=self._generator)
+        offsets = (torch.rand(batch_size, generator=self._generator) * starts[env_ids]).long()
+        positions = self.oldest_index()[env_ids] + offsets
+        return self.gather(env_ids, positions, length), BatchInfo(env_ids=env_ids, positions=positions)
+
+    def gather_all(self) -> Experience:
+        """Every readable step as ``[num_envs, T]`` (all envs must hold the same number of steps)."""
+        counts = self.num_stored()
+        if not bool((counts == counts[0]).all()):
+            raise RuntimeError(f"whole-buffer training needs the same number of steps per env, got {counts.tolist()}")
+        env_ids = torch.arange(self.num_envs)
+        return self.gather(env_ids, self.oldest_index(), int(counts[0]))
+
+    # ---------------------------------------------------------------------------------------------- checkpointing --
+    def state_dict(self) -> dict:
+        """Tensors only: the storage leaves, the write counters and the oldest readable index."""
+        leaves = nest.flatten(self._storage) if self._storage is not None else []
+        return {"write_count": self._write_count.clone(), "oldest": self.oldest_index(),
+                "leaves": [leaf.clone() for leaf in leaves]}
+
+    def load_state_dict(self, state: dict, example: Experience) -> None:
+        """Restore from ``state_dict``; ``example`` gives the nest structure (any Experience of the right structure)."""
+        from torch.utils import _pytree as pytree
+
+        self._write_count = state["write_count"].clone()
+        self._floor = state["oldest"].clone()
+        _, spec = pytree.tree_flatten(example)
+        if state["leaves"]:
+            self._storage = pytree.tree_unflatten([x.to(self.device) for x in state["leaves"]], spec)

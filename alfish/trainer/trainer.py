@@ -1,0 +1,348 @@
+"""The training loop (DESIGN.md §1): unroll, train, then summaries, evaluation and checkpoints.
+
+``Trainer.run`` reads top to bottom: restore or start, warm up, then iterate until ``num_iterations`` or
+``num_env_steps``; a SIGTERM/SIGINT writes a checkpoint and exits, SIGUSR2 writes one and continues, a crash writes
+one (asking first only on a terminal) and re-raises.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import random
+import sys
+import time
+from typing import Optional
+
+import gin
+import numpy as np
+import torch
+
+from alfish.algorithms.base import Algorithm
+from alfish.config.trainer_config import TrainerConfig
+from alfish.data.types import Experience, LossInfo
+from alfish.envs.batched_env import BatchedEnv, create_environment
+from alfish.replay.batching import to_time_major, whole_buffer_minibatches
+from alfish.replay.ring_buffer import RingBuffer
+from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
+from alfish.trainer.evaluator import Evaluator
+from alfish.trainer.metrics import EpisodeStats
+from alfish.trainer.optim import OptimizerConfig
+from alfish.trainer.progress import Progress
+from alfish.trainer.rng import capture_rng_state, restore_rng_state
+from alfish.trainer.signals import SignalRequests, confirm_checkpoint_on_crash
+from alfish.trainer.summary import Summaries
+from alfish.trainer.unroller import Unroller
+
+EVAL_SEED_OFFSET = 1_000_003  # eval envs never share seeds with training envs
+
+
+class NonFiniteLossError(RuntimeError):
+    pass
+
+
+class TrainingStopped(SystemExit):
+    """Raised after a signal-requested stop has written its checkpoint; carries the exit code (128 + signal)."""
+
+
+def build_algorithm(config: TrainerConfig, env: BatchedEnv) -> Algorithm:
+    """Construct ``config.algorithm_ctor`` for ``env``'s spaces."""
+    return config.algorithm_ctor(observation_space=env.observation_space, action_space=env.action_space)
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@gin.configurable
+class Trainer:
+    """Runs one experiment described by ``config``.
+
+    save_replay_buffer: also store the replay buffer (as tensors) in checkpoints, so a resumed run continues with the
+    same data. num_threads: torch intra-op threads (``None``: torch's default). progress_log_interval_s: seconds
+    between progress lines when stderr is not a terminal.
+    """
+
+    def __init__(self, config: TrainerConfig, save_replay_buffer: bool = False, num_threads: Optional[int] = None,
+                 progress_log_interval_s: float = 10.0):
+        self.config = config
+        self.root_dir = config.root_dir
+        self.save_replay_buffer = save_replay_buffer
+        self.progress_log_interval_s = progress_log_interval_s
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        os.makedirs(self.root_dir, exist_ok=True)
+        self.checkpointer = Checkpointer(os.path.join(self.root_dir, "checkpoints"))
+        self._resume_from: Optional[LoadedCheckpoint] = self.checkpointer.load_latest()
+        self.seed = self._choose_seed()
+        seed_everything(self.seed)
+
+        self.env = create_environment(seed=self.seed)
+        self.algorithm = build_algorithm(config, self.env)
+        self.optimizer_config = OptimizerConfig()
+        self.optimizer = self.optimizer_config.build(self.algorithm.param_groups())
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.stats = EpisodeStats(self.env.num_envs)
+        self.replay: Optional[RingBuffer] = None
+        if not self.algorithm.on_policy:
+            self.replay = RingBuffer(self.env.num_envs, config.replay_buffer_length)
+        num_envs = self.env.num_envs
+        self.expected_iterations = config.expected_num_iterations(num_envs)
+        self.checkpoint_iterations = set(config.checkpoint_iterations(num_envs))
+        self.eval_interval = config.resolved_eval_interval(num_envs)
+        self.summaries = Summaries(self.root_dir, config.resolved_summary_interval(num_envs),
+                                   config.summarize_first_interval, config.summaries_flush_secs,
+                                   config.summary_max_queue)
+        self.evaluator: Optional[Evaluator] = None
+        if config.evaluate:
+            if config.async_eval:
+                logging.info("async_eval=True: asynchronous evaluation is not built yet; evaluating synchronously")
+            eval_env = create_environment(num_parallel_environments=config.num_eval_environments,
+                                          seed=self.seed + EVAL_SEED_OFFSET)
+            self.evaluator = Evaluator(eval_env, config.num_eval_episodes, config.epsilon_greedy)
+        # Progress counters (all checkpointed).
+        self.iteration = 0
+        self.env_steps = 0
+        self.num_updates = 0
+        self._unroll_credit = 0.0  # fractional unroll_length accumulates here
+        self._last_loss: Optional[LossInfo] = None
+        self._timing = dict(unroll_s=0.0, train_s=0.0)
+        self._wall_start = time.monotonic()
+        self._elapsed_before = 0.0  # wall-clock of earlier runs of this experiment (resume)
+
+    # ------------------------------------------------------------------------------------------------------ run ----
+    def run(self) -> int:
+        """Train to the end (or until a stop signal); returns the process exit code."""
+        self.unroller = Unroller(self.env, self.algorithm, self.stats)
+        if self._resume_from is not None:
+            self._restore(self._resume_from)
+            self._resume_from = None
+        progress = Progress(self.expected_iterations, self.iteration, self.progress_log_interval_s)
+        with SignalRequests() as signals:
+            try:
+                self._warm_up()
+                while not self._finished():
+                    self._train_iteration()
+                    self.iteration += 1
+                    self._after_iteration()
+                    progress.update(self.iteration, self.env_steps, self.stats.average_return())
+                    if signals.checkpoint_requested:
+                        self.save_checkpoint()
+                        signals.clear_checkpoint_request()
+                    if signals.stop_requested:
+                        self.save_checkpoint()
+                        logging.warning("stopped by signal %s at iteration %d; checkpoint written, rerun the same "
+                                        "command to resume", signals.stop_signal, self.iteration)
+                        return signals.exit_code()
+                if self.evaluator is not None and self.iteration % self.eval_interval != 0:
+                    self._evaluate()  # always end with an evaluation of the final policy
+                if self.config.num_checkpoints > 0 and self.iteration not in self.checkpoint_iterations:
+                    self.save_checkpoint()
+            except (KeyboardInterrupt, Exception) as err:
+                self._checkpoint_after_crash(err)
+                raise
+            finally:
+                progress.close()
+                self.summaries.close()
+                self.env.close()
+                if self.evaluator is not None:
+                    self.evaluator.env.close()
+        logging.info("training finished: %d iterations, %d env steps", self.iteration, self.env_steps)
+        return 0
+
+    def _finished(self) -> bool:
+        cfg = self.config
+        return ((cfg.num_iterations > 0 and self.iteration >= cfg.num_iterations)
+                or (cfg.num_env_steps > 0 and self.env_steps >= cfg.num_env_steps))
+
+    # ------------------------------------------------------------------------------------------ one iteration ----
+    def _warm_up(self) -> None:
+        """Collect ``initial_collect_steps`` (total over envs) before training; skipped when resuming past it.
+
+        A resumed off-policy run whose checkpoint has no replay buffer refills just enough to sample from.
+        """
+        if self.replay is None:
+            return
+        steps_per_env = max(0, math.ceil((self.config.initial_collect_steps - self.env_steps) / self.env.num_envs))
+        need = (self.config.mini_batch_length or 1) - int(self.replay.num_stored().min())
+        steps_per_env = max(steps_per_env, need)
+        if steps_per_env > 0:
+            start = time.monotonic()
+            self.unroller.unroll(steps_per_env, self.replay.add, with_grad=False)
+            self.env_steps += steps_per_env * self.env.num_envs
+            logging.info("collected %d initial env steps in %.1fs", steps_per_env * self.env.num_envs,
+                         time.monotonic() - start)
+
+    def _steps_this_iteration(self) -> int:
+        """Env steps per env to unroll now; a fractional unroll_length unrolls one step every 1/x iterations."""
+        self._unroll_credit += self.config.unroll_length
+        steps = int(self._unroll_credit + 1e-9)
+        self._unroll_credit -= steps
+        return steps
+
+    def _train_iteration(self) -> None:
+        cfg = self.config
+        steps = self._steps_this_iteration()
+        start = time.monotonic()
+        if self.algorithm.on_policy:
+            trajectory = self.unroller.unroll_on_policy(steps)
+            self.env_steps += steps * self.env.num_envs
+            self._timing["unroll_s"] = time.monotonic() - start
+            self._apply_loss(self.algorithm.calc_loss(trajectory, None))
+        else:
+            if steps > 0:
+                self.unroller.unroll(steps, self.replay.add, with_grad=cfg.unroll_with_grad)
+                self.env_steps += steps * self.env.num_envs
+            self._timing["unroll_s"] = time.monotonic() - start
+            if cfg.whole_replay_buffer_training:
+                self._train_on_whole_buffer()
+            else:
+                for _ in range(cfg.num_updates_per_train_iter):
+                    exp, _ = self.replay.sample_uniform(cfg.mini_batch_size, cfg.mini_batch_length)
+                    self._update(to_time_major(exp))
+        self._timing["train_s"] = time.monotonic() - start - self._timing["unroll_s"]
+        self.algorithm.after_train_iter()
+
+    def _train_on_whole_buffer(self) -> None:
+        """Epochs of shuffled mini-batches over everything stored; then (optionally) clear all but the newest step
+        of each env, which the next unroll's first transition bootstraps from... and starts from."""
+        cfg = self.config
+        exp = self.algorithm.preprocess_experience(self.replay.gather_all())
+        for _ in range(cfg.num_updates_per_train_iter):
+            for batch in whole_buffer_minibatches(exp, cfg.mini_batch_length or 1, cfg.mini_batch_size):
+                self._update(batch)
+        if cfg.clear_replay_buffer:
+            self.replay.clear(keep_last=1)
+
+    def _update(self, exp: Experience) -> None:
+        """One gradient step on a time-major batch ``[L, B]``."""
+        train_info = self.algorithm.train_step(exp).info
+        self._apply_loss(self.algorithm.calc_loss(exp, train_info))
+
+    def _apply_loss(self, loss_info: LossInfo) -> None:
+        loss = loss_info.loss.mean()
+        if not torch.isfinite(loss):
+            terms = {k: float(v) for k, v in (loss_info.extra or {}).items() if isinstance(v, torch.Tensor)}
+            raise NonFiniteLossError(f"loss is {float(loss)} at iteration {self.iteration} (update "
+                                     f"{self.num_updates}); terms: {terms}; lower the learning rates or check the "
+                                     "env's rewards/observations for NaN/inf")
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = self.optimizer_config.clip(self.params)
+        self.optimizer.step()
+        self.algorithm.after_update()
+        self.num_updates += 1
+        self._last_loss = loss_info._replace(loss=loss.detach(), extra=dict(loss_info.extra or {}))
+        if grad_norm is not None:
+            self._last_loss.extra["grad_norm"] = grad_norm
+
+    # --------------------------------------------------------------------------- summaries, eval, checkpoints ----
+    def _after_iteration(self) -> None:
+        it = self.iteration
+        if self.summaries.is_due(it):
+            self._write_summaries()
+        if self.evaluator is not None and it % self.eval_interval == 0:
+            self._evaluate()
+        if it in self.checkpoint_iterations:
+            self.save_checkpoint()
+
+    def _elapsed_s(self) -> float:
+        return self._elapsed_before + time.monotonic() - self._wall_start
+
+    def _write_summaries(self) -> None:
+        s, it = self.summaries, self.iteration
+        if self._last_loss is not None:
+            s.scalar("loss/total", self._last_loss.loss, it)
+            s.scalars("loss", self._last_loss.extra, it)
+        if len(self.stats.returns) >= min(self.config.metric_min_buffer_size, self.stats.returns.maxlen):
+            s.scalar("train/episode_return", self.stats.average_return(), it)
+            s.scalar("train/episode_length", self.stats.average_length(), it)
+            s.scalar("train_vs_env_steps/episode_return", self.stats.average_return(), self.env_steps)
+        s.scalar("train/env_steps", self.env_steps, it)
+        s.scalar("train/num_episodes", self.stats.num_episodes, it)
+        s.scalar("time/unroll_s", self._timing["unroll_s"], it)
+        s.scalar("time/train_s", self._timing["train_s"], it)
+        now = time.monotonic()
+        last = getattr(self, "_last_summary", None)
+        if last is not None and now > last[0]:
+            s.scalar("time/env_steps_per_s", (self.env_steps - last[1]) / (now - last[0]), it)
+            s.scalar("time/iterations_per_s", (it - last[2]) / (now - last[0]), it)
+        self._last_summary = (now, self.env_steps, it)
+        if self.config.summarize_grads_and_vars:
+            for name, p in self.algorithm.named_parameters():
+                s.scalar(f"vars/{name}.norm", p.detach().norm(), it)
+                if p.grad is not None:
+                    s.scalar(f"grads/{name}.norm", p.grad.norm(), it)
+        if self.config.debug_summaries:
+            for group in self.optimizer.param_groups:
+                s.scalar(f"debug/lr.{group['name']}", group["lr"], it)
+
+    def _evaluate(self) -> None:
+        start = time.monotonic()
+        result = self.evaluator.evaluate(self.algorithm)
+        it = self.iteration
+        self.summaries.scalars("eval", dict(average_return=result.average_return,
+                                            average_episode_length=result.average_length,
+                                            num_episodes=result.num_episodes), it)
+        self.summaries.scalar("eval_vs_env_steps/average_return", result.average_return, self.env_steps)
+        record = dict(iteration=it, env_steps=self.env_steps, elapsed_s=round(self._elapsed_s(), 3),
+                      average_return=result.average_return, average_episode_length=result.average_length,
+                      num_episodes=result.num_episodes)
+        with open(os.path.join(self.root_dir, "eval_log.jsonl"), "a") as f:
+            f.write(json.dumps(record) + "\n")
+        logging.info("eval at iteration %d (env steps %d): return %.2f, length %.1f over %d episodes (%.1fs)",
+                     it, self.env_steps, result.average_return, result.average_length, result.num_episodes,
+                     time.monotonic() - start)
+
+    def save_checkpoint(self) -> str:
+        rng_tensors, rng_meta = capture_rng_state()
+        tensors = dict(algorithm=self.algorithm.state_dict(), optimizer=self.optimizer.state_dict(), rng=rng_tensors)
+        if self.save_replay_buffer and self.replay is not None:
+            tensors["replay"] = self.replay.state_dict()
+        meta = dict(iteration=self.iteration, env_steps=self.env_steps, num_updates=self.num_updates,
+                    unroll_credit=self._unroll_credit, seed=self.seed, elapsed_s=self._elapsed_s(),
+                    num_episodes=self.stats.num_episodes, rng=rng_meta,
+                    operative_config=gin.operative_config_str(), versions=dict(torch=torch.__version__))
+        path = self.checkpointer.save(self.iteration, tensors, meta)
+        logging.info("checkpoint written: %s", path)
+        return path
+
+    def _restore(self, ckpt: LoadedCheckpoint) -> None:
+        meta = ckpt.meta
+        self.algorithm.load_state_dict(ckpt.tensors["algorithm"])
+        self.optimizer.load_state_dict(ckpt.tensors["optimizer"])
+        self.iteration, self.env_steps = meta["iteration"], meta["env_steps"]
+        self.num_updates, self._unroll_credit = meta["num_updates"], meta["unroll_credit"]
+        self._elapsed_before = meta.get("elapsed_s", 0.0)
+        self.stats.num_episodes = meta.get("num_episodes", 0)
+        if "replay" in ckpt.tensors and self.replay is not None:
+            with torch.inference_mode():
+                alg_step = self.algorithm.rollout_step(self.unroller.time_step)
+            example = Experience.from_time_step(self.unroller.time_step, alg_step.output, alg_step.info)
+            self.replay.load_state_dict(ckpt.tensors["replay"], example)
+        # Episodes in flight are not resumable; restart the envs with seeds that depend on the iteration.
+        self.unroller.reset(seed=self.seed + 7919 * self.iteration)
+        restore_rng_state(ckpt.tensors["rng"], meta["rng"])
+        logging.info("resumed from %s: iteration %d, env steps %d", ckpt.path, self.iteration, self.env_steps)
+
+    def _choose_seed(self) -> int:
+        if self._resume_from is not None:
+            return int(self._resume_from.meta["seed"])
+        if self.config.random_seed is not None:
+            return int(self.config.random_seed)
+        seed = int.from_bytes(os.urandom(4), "little") % (2**31 - 1)
+        logging.info("TrainerConfig.random_seed is None; using random seed %d", seed)
+        return seed
+
+    def _checkpoint_after_crash(self, err: BaseException) -> None:
+        if self.config.num_checkpoints <= 0 or isinstance(err, NonFiniteLossError):
+            return  # a NaN model is not worth saving over the last good checkpoint
+        try:
+            if confirm_checkpoint_on_crash(self.config.confirm_checkpoint_upon_crash, sys.stdin):
+                logging.error("training crashed (%s: %s); writing a checkpoint", type(err).__name__, err)
+                self.save_checkpoint()
+        except Exception as save_err:  # the original error matters more; report both
+            logging.error("could not write a checkpoint after the crash: %s", save_err)

@@ -1,0 +1,49 @@
+"""Synchronous unrolling: step the batched env with the algorithm's rollout policy."""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional
+
+import torch
+
+from alfish.algorithms.base import Algorithm
+from alfish.data import nest
+from alfish.data.types import Experience, TimeStep
+from alfish.envs.batched_env import BatchedEnv
+from alfish.trainer.metrics import EpisodeStats
+
+
+class Unroller:
+    """Owns the env's current TimeStep; each stored step is ``(time_step, action chosen at it, rollout info)``."""
+
+    def __init__(self, env: BatchedEnv, algorithm: Algorithm, stats: EpisodeStats):
+        self.env, self.algorithm, self.stats = env, algorithm, stats
+        self.time_step: TimeStep = env.reset()
+        self.stats.observe(self.time_step)
+
+    def reset(self, seed: Optional[int] = None) -> None:
+        self.time_step = self.env.reset(seed)
+        self.stats.observe(self.time_step)
+
+    def unroll(self, num_steps: int, store: Callable[[Experience], None], with_grad: bool) -> None:
+        """Take ``num_steps`` steps per env, handing each stored step ``[B, ...]`` to ``store``.
+
+        Off-policy rollouts run under ``torch.inference_mode`` unless ``with_grad``.
+        """
+        mode = contextlib.nullcontext() if with_grad else torch.inference_mode()
+        with mode:
+            for _ in range(num_steps):
+                alg_step = self.algorithm.rollout_step(self.time_step)
+                store(Experience.from_time_step(self.time_step, alg_step.output, alg_step.info))
+                self.time_step = self.env.step(alg_step.output)
+                self.stats.observe(self.time_step)
+
+    def unroll_on_policy(self, num_steps: int) -> Experience:
+        """Unroll with gradients and return the trajectory ``[num_steps + 1, B]``; the last row is the current step
+        with its rollout info computed without gradients (it only bootstraps; its action is not taken)."""
+        steps: list[Experience] = []
+        self.unroll(num_steps, steps.append, with_grad=True)
+        with torch.no_grad():
+            alg_step = self.algorithm.rollout_step(self.time_step)
+        steps.append(Experience.from_time_step(self.time_step, alg_step.output, alg_step.info))
+        return nest.stack(steps)
