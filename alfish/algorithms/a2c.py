@@ -47,23 +47,28 @@ class A2cAlgorithm(OnPolicyAlgorithm):
         out = self.net.act(self.flat_obs(obs), greedy)
         return out.action, A2cRolloutInfo(out.log_prob, out.entropy, out.value)
 
-    def calc_loss(self, exp: Experience, train_info: Any = None) -> LossInfo:
+    def loss_terms(self, exp: Experience) -> dict[str, torch.Tensor]:
+        """Per-step terms ``[T, B]`` (with gradients) of the unroll ``[T+1, B]``: policy gradient, value, entropy."""
         info: A2cRolloutInfo = exp.rollout_info
         value = info.value
         adv = generalized_advantage_estimation(exp.reward, value.detach(), exp.step_type, exp.discount, self.gamma,
                                                self.gae_lambda)
         value_target = adv + value.detach()[:-1]
-        valid = (exp.step_type[:-1] != StepType.LAST).to(value.dtype)
-        count = valid.sum().clamp(min=1.0)
         if self.normalize_advantages:
+            valid = (exp.step_type[:-1] != StepType.LAST).to(value.dtype)
+            count = valid.sum().clamp(min=1.0)
             mean = (adv * valid).sum() / count
             std = torch.sqrt(((adv - mean) ** 2 * valid).sum() / (count - 1).clamp(min=1.0))
             adv = (adv - mean) / (std + 1e-8)
-        policy_loss = -adv * info.log_prob[:-1]
-        value_loss = (value_target - value[:-1]) ** 2
-        entropy = info.entropy[:-1]
-        loss = (policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * entropy) * valid
-        extra = dict(policy_loss=(policy_loss.detach() * valid).sum() / count,
-                     value_loss=(value_loss.detach() * valid).sum() / count,
-                     entropy=(entropy.detach() * valid).sum() / count)
+        return dict(policy_loss=-adv * info.log_prob[:-1], value_loss=(value_target - value[:-1]) ** 2,
+                    entropy=info.entropy[:-1])
+
+    def calc_loss(self, exp: Experience, train_info: Any = None) -> LossInfo:
+        """Per-step loss ``[T, B]``; steps out of a LAST step (env autoreset) are masked out."""
+        terms = self.loss_terms(exp)
+        valid = (exp.step_type[:-1] != StepType.LAST).to(terms["value_loss"].dtype)
+        loss = (terms["policy_loss"] + self.value_loss_coef * terms["value_loss"]
+                - self.entropy_coef * terms["entropy"]) * valid
+        count = valid.sum().clamp(min=1.0)
+        extra = {k: (v.detach() * valid).sum() / count for k, v in terms.items()}
         return LossInfo(loss=loss, extra=extra)

@@ -82,26 +82,32 @@ class PpoAlgorithm(OffPolicyAlgorithm):
         out = self.net.evaluate(obs, exp.action.flatten(0, 1))
         return AlgStep(info=PpoTrainInfo(out.log_prob, out.entropy, out.value))
 
-    def calc_loss(self, exp: Experience, train_info: PpoTrainInfo) -> LossInfo:
-        """Per-step loss ``[L, B]``; LAST steps (no successor) are masked out."""
+    def loss_terms(self, exp: Experience, train_info: PpoTrainInfo) -> dict[str, torch.Tensor]:
+        """Per-step terms ``[L*B]`` (with gradients): policy (clipped surrogate), value (squared error), entropy."""
         old: PpoExperienceInfo = exp.rollout_info
-        shape = exp.step_type.shape
         valid = (exp.step_type != StepType.LAST).flatten().to(train_info.log_prob.dtype)
-        count = valid.sum().clamp(min=1.0)
         adv = old.advantage.flatten()
         if self.normalize_advantages:
+            count = valid.sum().clamp(min=1.0)
             mean = (adv * valid).sum() / count
             std = torch.sqrt(((adv - mean) ** 2 * valid).sum() / (count - 1).clamp(min=1.0))
             adv = (adv - mean) / (std + 1e-8)
         ratio = torch.exp(train_info.log_prob - old.log_prob.flatten())
-        policy_loss = -torch.min(ratio * adv, ratio.clamp(1 - self.clip_range, 1 + self.clip_range) * adv)
-        value_loss = (old.value_target.flatten() - train_info.value) ** 2
-        loss = (policy_loss + self.value_loss_coef * value_loss - self.entropy_coef * train_info.entropy) * valid
+        policy = -torch.min(ratio * adv, ratio.clamp(1 - self.clip_range, 1 + self.clip_range) * adv)
+        value = (old.value_target.flatten() - train_info.value) ** 2
+        return dict(policy_loss=policy, value_loss=value, entropy=train_info.entropy, ratio=ratio)
+
+    def calc_loss(self, exp: Experience, train_info: PpoTrainInfo) -> LossInfo:
+        """Per-step loss ``[L, B]``; LAST steps (no successor) are masked out."""
+        terms = self.loss_terms(exp, train_info)
+        valid = (exp.step_type != StepType.LAST).flatten().to(train_info.log_prob.dtype)
+        loss = (terms["policy_loss"] + self.value_loss_coef * terms["value_loss"]
+                - self.entropy_coef * terms["entropy"]) * valid
         with torch.no_grad():
-            log_ratio = train_info.log_prob - old.log_prob.flatten()
-            extra = dict(policy_loss=(policy_loss * valid).sum() / count,
-                         value_loss=(value_loss * valid).sum() / count,
-                         entropy=(train_info.entropy * valid).sum() / count,
-                         approx_kl=(((ratio - 1) - log_ratio) * valid).sum() / count,
-                         clip_fraction=(((ratio - 1).abs() > self.clip_range).float() * valid).sum() / count)
-        return LossInfo(loss=loss.view(shape), extra=extra)
+            count = valid.sum().clamp(min=1.0)
+            ratio = terms["ratio"]
+            log_ratio = train_info.log_prob - exp.rollout_info.log_prob.flatten()
+            extra = {k: (terms[k] * valid).sum() / count for k in ("policy_loss", "value_loss", "entropy")}
+            extra["approx_kl"] = (((ratio - 1) - log_ratio) * valid).sum() / count
+            extra["clip_fraction"] = (((ratio - 1).abs() > self.clip_range).float() * valid).sum() / count
+        return LossInfo(loss=loss.view(exp.step_type.shape), extra=extra)

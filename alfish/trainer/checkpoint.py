@@ -306,7 +306,8 @@ class Checkpointer:
     def _write_error(self, path: str, e: OSError) -> CheckpointError:
         reason = e.strerror or str(e)
         code = errno.errorcode.get(e.errno, "") if e.errno else ""
-        hint = {errno.ENOSPC: " (free some disk space)", errno.EDQUOT: " (free some space or raise the quota)",
+        hint = {errno.ENOSPC: " (free some disk space)",
+                getattr(errno, "EDQUOT", errno.ENOSPC): " (free some space or raise the disk quota)",
                 errno.EFBIG: " (the file size limit was reached: check `ulimit -f`)",
                 errno.EACCES: " (check the directory's permissions)", errno.EROFS: " (the file system is read-only)",
                 }.get(e.errno, "")

@@ -61,44 +61,57 @@ sys.exit(code)
 """
 
 
+class _Child:
+    """A child process whose stdout lines are read with a timeout (raw reads: no lines hidden in a buffer)."""
+
+    def __init__(self, code):
+        env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        self.proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     env=env, cwd=REPO)
+        self.pid = self.proc.pid
+        self._buf = b""
+
+    def readline(self, timeout=TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._buf:
+            remaining = deadline - time.monotonic()
+            ready = remaining > 0 and select.select([self.proc.stdout], [], [], remaining)[0]
+            chunk = os.read(self.proc.stdout.fileno(), 4096) if ready else b""
+            if not chunk:
+                self.proc.kill()
+                raise AssertionError(f"child said nothing in {timeout} s (or exited); seen {self._buf!r}, "
+                                     f"stderr: {self.proc.stderr.read().decode()}")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line.decode().strip()
+
+    def finish(self):
+        """(exit code, rest of stdout, stderr), waiting at most TIMEOUT seconds."""
+        try:
+            out, err = self.proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate(timeout=TIMEOUT)
+            raise
+        return self.proc.returncode, (self._buf + out).decode(), err.decode()
+
+
 def _start(stop_on_request):
-    code = LOAD_SIGNALS + f"STOP_ON_REQUEST = {stop_on_request}\n" + textwrap.dedent(LOOP)
-    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env, cwd=REPO)
-    return proc
-
-
-def _readline(proc, timeout=TIMEOUT):
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    if not ready:
-        proc.kill()
-        raise AssertionError(f"child said nothing in {timeout} s; stderr: {proc.stderr.read()}")
-    return proc.stdout.readline().strip()
-
-
-def _finish(proc):
-    try:
-        rc = proc.wait(timeout=TIMEOUT)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=TIMEOUT)
-        raise
-    return rc, proc.stdout.read(), proc.stderr.read()
+    return _Child(LOAD_SIGNALS + f"STOP_ON_REQUEST = {stop_on_request}\n" + textwrap.dedent(LOOP))
 
 
 def test_sigusr2_then_sigterm_in_a_training_loop():
     proc = _start(stop_on_request=True)
     try:
-        assert _readline(proc) == "ready"
+        assert proc.readline() == "ready"
         os.kill(proc.pid, signal.SIGUSR2)
-        assert _readline(proc) == "checkpoint"
+        assert proc.readline() == "checkpoint"
         os.kill(proc.pid, signal.SIGUSR2)  # the request can be made again after it was cleared
-        assert _readline(proc) == "checkpoint"
+        assert proc.readline() == "checkpoint"
         os.kill(proc.pid, signal.SIGTERM)
-        assert _readline(proc) == f"stop {int(signal.SIGTERM)}"
+        assert proc.readline() == f"stop {int(signal.SIGTERM)}"
     finally:
-        rc, out, err = _finish(proc)
+        rc, out, err = proc.finish()
     assert out.strip() == "restored True"
     assert rc == 128 + 15, err
     assert "received SIGTERM; stopping after the current iteration" in err
@@ -107,13 +120,13 @@ def test_sigusr2_then_sigterm_in_a_training_loop():
 def test_second_sigint_forces_keyboard_interrupt():
     proc = _start(stop_on_request=False)  # a loop that does not stop on the first request
     try:
-        assert _readline(proc) == "ready"
+        assert proc.readline() == "ready"
         os.kill(proc.pid, signal.SIGINT)
-        assert _readline(proc) == f"stop {int(signal.SIGINT)}"
+        assert proc.readline() == f"stop {int(signal.SIGINT)}"
         os.kill(proc.pid, signal.SIGINT)
-        assert _readline(proc) == "KeyboardInterrupt"
+        assert proc.readline() == "KeyboardInterrupt"
     finally:
-        rc, out, err = _finish(proc)
+        rc, out, err = proc.finish()
     assert out.strip() == "restored True"
     assert rc == 3, err
 
