@@ -130,8 +130,8 @@ class Trainer:
                     self._after_iteration()
                     progress.update(self.iteration, self.env_steps, self.stats.average_return())
                     if signals.checkpoint_requested:
+                        signals.clear_checkpoint_request()  # before saving: a SIGUSR2 during the save is kept
                         self.save_checkpoint()
-                        signals.clear_checkpoint_request()
                     if signals.stop_requested:
                         self.save_checkpoint()
                         logging.warning("stopped by signal %s at iteration %d; checkpoint written, rerun the same "
