@@ -1,0 +1,118 @@
+"""Run one training job of alfish or Stable-Baselines3 and print a JSON line with its timings.
+
+Used by bench_vs_sb3.py, which starts each job in a fresh process so the frameworks never share a process, threads
+or warm caches. Only the learning call is timed (imports and model construction are not).
+
+    python tools/bench/run_one.py --framework alfish|sb3 --algo sac|ppo --setting identical|tuned \
+        --steps N [--eval_every E] [--seed S] [--threads T]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CONFS = {"sac": "confs/sac_pendulum.gin", "ppo": "confs/ppo_cartpole.gin"}
+ENVS = {"sac": "Pendulum-v1", "ppo": "CartPole-v1"}
+EVAL_EPISODES = 5
+
+
+def run_alfish(args: argparse.Namespace) -> dict:
+    from alfish.config import TrainerConfig, load_conf
+    from alfish.trainer.trainer import Trainer
+
+    root = tempfile.mkdtemp(prefix=f"bench-alfish-{args.algo}-")
+    params = [f"TrainerConfig.num_env_steps={args.steps}", "TrainerConfig.num_iterations=0",
+              f"TrainerConfig.random_seed={args.seed}", "TrainerConfig.num_checkpoints=0",
+              "TrainerConfig.summary_interval=1000000", "TrainerConfig.summarize_first_interval=False",
+              "Trainer.progress_log_interval_s=1e9"]
+    if args.eval_every:
+        per_iter = 8 * 32 if args.algo == "ppo" else 1
+        params += ["TrainerConfig.evaluate=True", f"TrainerConfig.eval_interval={max(1, args.eval_every // per_iter)}",
+                   f"TrainerConfig.num_eval_episodes={EVAL_EPISODES}", "TrainerConfig.num_eval_environments=1"]
+    else:
+        params += ["TrainerConfig.evaluate=False"]
+    if args.threads:
+        params.append(f"Trainer.num_threads={args.threads}")
+    load_conf(os.path.join(REPO, CONFS[args.algo]), params)
+    trainer = Trainer(TrainerConfig(root_dir=root))
+    start = time.perf_counter()
+    trainer.run()
+    learn_s = time.perf_counter() - start
+    evals = []
+    log = os.path.join(root, "eval_log.jsonl")
+    if os.path.exists(log):
+        offset = trainer._elapsed_s() - learn_s  # the log's clock starts at Trainer construction
+        for line in open(log):
+            rec = json.loads(line)
+            evals.append((rec["env_steps"], rec["elapsed_s"] - offset, rec["average_return"]))
+    return dict(steps=trainer.env_steps, learn_s=learn_s, evals=evals)
+
+
+def run_sb3(args: argparse.Namespace) -> dict:
+    import torch
+    from stable_baselines3 import PPO, SAC
+    from stable_baselines3.common.callbacks import BaseCallback
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    class TimedEval(BaseCallback):
+        """Deterministic evaluation every ``eval_every`` env steps, recording the wall-clock since learn() began."""
+
+        def __init__(self, eval_env, every: int):
+            super().__init__()
+            self.eval_env, self.every, self.records, self.next_at = eval_env, every, [], every
+
+        def _on_training_start(self) -> None:
+            self.start = time.perf_counter()
+
+        def _on_step(self) -> bool:
+            if self.every and self.num_timesteps >= self.next_at:
+                self.next_at += self.every
+                mean, _ = evaluate_policy(self.model, self.eval_env, n_eval_episodes=EVAL_EPISODES, deterministic=True)
+                self.records.append((self.num_timesteps, time.perf_counter() - self.start, float(mean)))
+            return True
+
+    if args.algo == "sac":
+        model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, buffer_size=100_000,
+                    learning_starts=100, tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1,
+                    policy_kwargs=dict(net_arch=[256, 256]), seed=args.seed, verbose=0, device="cpu")
+    else:
+        env = make_vec_env("CartPole-v1", n_envs=8, seed=args.seed)
+        if args.setting == "tuned":  # RL Zoo's ppo.yml CartPole-v1 entry, linear schedules included
+            lr, clip = (lambda f: f * 1e-3), (lambda f: f * 0.2)
+        else:
+            lr, clip = 1e-3, 0.2
+        model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, n_epochs=20, gae_lambda=0.8, gamma=0.98,
+                    ent_coef=0.0, learning_rate=lr, clip_range=clip, seed=args.seed, verbose=0, device="cpu")
+    import gymnasium as gym
+
+    callback = TimedEval(gym.make(ENVS[args.algo]), args.eval_every)
+    start = time.perf_counter()
+    model.learn(total_timesteps=args.steps, callback=callback)
+    return dict(steps=int(model.num_timesteps), learn_s=time.perf_counter() - start, evals=callback.records)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--framework", choices=["alfish", "sb3"], required=True)
+    parser.add_argument("--algo", choices=["sac", "ppo"], required=True)
+    parser.add_argument("--setting", choices=["identical", "tuned"], default="identical")
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--eval_every", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=0)
+    args = parser.parse_args()
+    result = (run_alfish if args.framework == "alfish" else run_sb3)(args)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
