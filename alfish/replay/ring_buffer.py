@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import torch
+from torch.utils import _pytree as pytree
 
-from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience
 
 
@@ -29,8 +29,11 @@ class RingBuffer:
         self.num_envs = num_envs
         self.capacity = capacity
         self.device = torch.device(device)
-        self._storage: Any = None
+        self._storage: Optional[list[torch.Tensor]] = None  # one [num_envs, capacity, ...] tensor per leaf
+        self._spec: Any = None  # the Experience structure of the leaves
+        self._lockstep: Optional[int] = 0  # common write count while all envs are written together
         self._write_count = torch.zeros(num_envs, dtype=torch.int64)
+        self._all_envs = torch.arange(num_envs)
         self._floor = torch.zeros(num_envs, dtype=torch.int64)  # steps before this index were cleared
         self._generator = generator
 
@@ -42,13 +45,24 @@ class RingBuffer:
             self._add(exp)
 
     def _add(self, exp: Experience) -> None:
+        leaves, spec = pytree.tree_flatten(exp)
         if self._storage is None:
-            self._storage = nest.map_nest(
-                lambda x: torch.zeros((self.num_envs, self.capacity) + tuple(x.shape[1:]), dtype=x.dtype,
-                                      device=self.device), exp)
+            self._spec = spec
+            self._storage = [torch.zeros((self.num_envs, self.capacity) + tuple(x.shape[1:]), dtype=x.dtype,
+                                         device=self.device) for x in leaves]
         env_ids = exp.env_id
+        if self._lockstep is not None and torch.equal(env_ids, self._all_envs):
+            # Every env written at once, in order (the synchronous case): one slice write per leaf, no index tensors.
+            slot = self._lockstep % self.capacity
+            for store, x in zip(self._storage, leaves):
+                store[:, slot] = x
+            self._lockstep += 1
+            self._write_count += 1
+            return
+        self._lockstep = None
         slots = self._write_count[env_ids] % self.capacity
-        nest.map_nest(lambda store, x: store.__setitem__((env_ids, slots), x.to(self.device)), self._storage, exp)
+        for store, x in zip(self._storage, leaves):
+            store[env_ids, slots] = x.to(self.device)
         self._write_count[env_ids] += 1
 
     def clear(self, keep_last: int = 0) -> None:
@@ -72,7 +86,7 @@ class RingBuffer:
         """Sequences ``[N, length]`` starting at absolute indices ``positions`` ``[N]`` of rings ``env_ids`` ``[N]``."""
         idx = (positions.unsqueeze(1) + torch.arange(length)) % self.capacity
         rows = env_ids.unsqueeze(1)
-        return nest.map_nest(lambda store: store[rows, idx], self._storage)
+        return pytree.tree_unflatten([store[rows, idx] for store in self._storage], self._spec)
 
     def sample_uniform(self, batch_size: int, length: int) -> tuple[Experience, BatchInfo]:
         """``batch_size`` sequences of ``length`` steps, uniform over all fully stored sequences: ``[B, L]``."""
@@ -97,16 +111,15 @@ class RingBuffer:
     # ---------------------------------------------------------------------------------------------- checkpointing --
     def state_dict(self) -> dict:
         """Tensors only: the storage leaves, the write counters and the oldest readable index."""
-        leaves = nest.flatten(self._storage) if self._storage is not None else []
+        leaves = self._storage or []
         return {"write_count": self._write_count.clone(), "oldest": self.oldest_index(),
                 "leaves": [leaf.clone() for leaf in leaves]}
 
     def load_state_dict(self, state: dict, example: Experience) -> None:
         """Restore from ``state_dict``; ``example`` gives the nest structure (any Experience of the right structure)."""
-        from torch.utils import _pytree as pytree
-
         self._write_count = state["write_count"].clone()
         self._floor = state["oldest"].clone()
-        _, spec = pytree.tree_flatten(example)
-        if state["leaves"]:
-            self._storage = pytree.tree_unflatten([x.to(self.device) for x in state["leaves"]], spec)
+        counts = self._write_count.tolist()
+        self._lockstep = counts[0] if len(set(counts)) == 1 else None
+        self._spec = pytree.tree_flatten(example)[1]
+        self._storage = [x.to(self.device) for x in state["leaves"]] or None

@@ -1,0 +1,161 @@
+"""CLI tier: every shipped conf trains a few iterations, checkpoints, resumes and plays (recording a gif), all through
+``python -m alfish.bin.train`` / ``python -m alfish.bin.play`` in real subprocesses.
+
+Children run with OMP_NUM_THREADS=1 (see tests/conftest.py: on 2 cores torch's default thread team is very slow
+while another process is busy) and SDL_VIDEODRIVER=dummy (rendering to rgb arrays needs no display).
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import imageio.v2 as imageio
+import pytest
+
+from alfish.trainer.checkpoint import Checkpointer
+
+from .inprocess import CONFS, REPO, eval_log
+
+pytestmark = [pytest.mark.cli]
+
+EVAL_SMALL = ["TrainerConfig.num_eval_episodes=1", "TrainerConfig.num_eval_environments=1",
+              "TrainerConfig.num_checkpoints=2"]
+
+# conf -> (bindings of the first, short run; env-step budget of the second run; env steps per iteration;
+#          env steps taken before the first iteration; episode length limit of the env)
+SHRINK = {
+    # 100 warm-up steps + 1 step per iteration: 150 env steps = 50 iterations, then 200 = 98 iterations.
+    "sac_pendulum.gin": (["TrainerConfig.num_env_steps=150", "TrainerConfig.initial_collect_steps=100",
+                          "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
+    # 8 envs x 32 steps per iteration (+1 warm-up step per env): 512 env steps = 2 iterations, 1024 = 4.
+    "ppo_cartpole.gin": (["TrainerConfig.num_env_steps=512", "TrainerConfig.num_updates_per_train_iter=2",
+                          "TrainerConfig.eval_interval=1"] + EVAL_SMALL, 1024),
+    # 8 envs x 8 steps per iteration: 192 env steps = 3 iterations, 384 = 6.
+    "a2c_cartpole.gin": (["TrainerConfig.num_env_steps=192", "TrainerConfig.eval_interval=1"] + EVAL_SMALL, 384),
+}
+EPISODE_LIMIT = {"sac_pendulum.gin": 200, "ppo_cartpole.gin": 500, "a2c_cartpole.gin": 500}
+
+
+def child_env():
+    env = dict(os.environ, OMP_NUM_THREADS="1", SDL_VIDEODRIVER="dummy", PYTHONUNBUFFERED="1")
+    env.pop("DISPLAY", None)
+    return env
+
+
+def run(args, timeout=90):
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", *args], cwd=REPO, env=child_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    proc.elapsed = time.monotonic() - start
+    return proc
+
+
+def train(conf, root, params):
+    args = ["alfish.bin.train", "--conf", str(conf), "--root_dir", str(root)]
+    for p in params:
+        args += ["--conf_param", p]
+    return run(args)
+
+
+def checkpoint_steps(root):
+    return Checkpointer(os.path.join(root, "checkpoints")).steps()
+
+
+def check_ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("conf", sorted(SHRINK))
+def test_conf_trains_checkpoints_resumes_and_plays(tmp_path, conf):
+    first_params, second_budget = SHRINK[conf]
+    root = tmp_path / "root"
+
+    # --- a short run ---------------------------------------------------------------------------------------------
+    proc = train(CONFS / conf, root, first_params)
+    check_ok(proc)
+    steps = checkpoint_steps(root)
+    assert steps, "no checkpoint directory under root_dir/checkpoints"
+    first_last = steps[-1]
+    ckpt = Checkpointer(os.path.join(root, "checkpoints")).load(first_last)  # verifies sha256 and loads tensors
+    assert ckpt.meta["iteration"] == first_last
+    operative = (root / "config" / "operative.gin").read_text()
+    budget = first_params[0].split("=")[1]
+    assert f"TrainerConfig.num_env_steps = {budget}" in operative
+    assert "TrainerConfig.algorithm_ctor = @" in operative
+    first_evals = eval_log(root)
+    assert first_evals and first_evals[-1]["iteration"] == first_last
+    assert os.listdir(root / "tb")
+
+    # --- the same command with a larger budget resumes where it stopped ---------------------------------------------
+    second_params = [p for p in first_params if not p.startswith("TrainerConfig.num_env_steps")]
+    proc = train(CONFS / conf, root, second_params + [f"TrainerConfig.num_env_steps={second_budget}"])
+    check_ok(proc)
+    ckpt_dir = os.path.join(root, "checkpoints", f"ckpt-{first_last}")
+    assert f"resumed from {ckpt_dir}: iteration {first_last}," in proc.stderr, proc.stderr[-3000:]
+    final = checkpoint_steps(root)[-1]
+    assert final > first_last
+    later_evals = eval_log(root)[len(first_evals):]
+    assert later_evals and all(r["iteration"] > first_last for r in later_evals)
+    assert later_evals[-1]["env_steps"] >= second_budget > first_evals[-1]["env_steps"]
+
+    # --- play the newest checkpoint and record it -----------------------------------------------------------------
+    gif = tmp_path / "out.gif"
+    proc = run(["alfish.bin.play", "--root_dir", str(root), "--num_episodes", "1", "--record_file", str(gif)])
+    check_ok(proc)
+    episodes = re.findall(r"^episode 1: return (-?\d+(?:\.\d+)?) length (\d+)$", proc.stdout, re.MULTILINE)
+    assert len(episodes) == 1, proc.stdout
+    length = int(episodes[0][1])
+    assert 1 <= length <= EPISODE_LIMIT[conf]
+    if conf == "sac_pendulum.gin":
+        assert length == 200  # Pendulum only ends by its time limit
+    assert f"ckpt-{final}" in proc.stdout
+    assert gif.is_file() and gif.stat().st_size > 0
+    with open(gif, "rb") as f:
+        assert f.read(6) in (b"GIF87a", b"GIF89a")
+    assert f"recorded {length + 1} frames to {gif}" in proc.stdout  # the reset frame plus one per step
+    # The gif writer may merge pixel-identical consecutive frames (CartPole barely moves in one step).
+    frames = imageio.mimread(gif)
+    assert 2 <= len(frames) <= length + 1
+    assert frames[0].ndim == 3 and frames[0].shape[2] in (3, 4)
+
+
+@pytest.mark.timeout(30)
+def test_misspelled_parameter_fails_fast_naming_file_line_and_suggestion(tmp_path):
+    lines = (CONFS / "a2c_cartpole.gin").read_text().splitlines()
+    line_no = next(i for i, line in enumerate(lines, 1) if line.startswith("A2cAlgorithm.gamma"))
+    lines[line_no - 1] = lines[line_no - 1].replace("A2cAlgorithm.gamma", "A2cAlgorithm.gama")
+    conf = tmp_path / "typo.gin"
+    conf.write_text("\n".join(lines) + "\n")
+    proc = train(conf, tmp_path / "root", [])
+    assert proc.returncode != 0
+    assert proc.elapsed < 10.0
+    err_lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert err_lines == [f"error: {conf}:{line_no}: 'A2cAlgorithm' has no parameter 'gama'; did you mean 'gamma'?"]
+    assert not os.path.exists(tmp_path / "root" / "checkpoints")  # failed before anything was built
+
+
+@pytest.mark.timeout(120)
+def test_corrupted_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
+    conf, root = CONFS / "ppo_cartpole.gin", tmp_path / "root"
+    first_params, _ = SHRINK["ppo_cartpole.gin"]
+    check_ok(train(conf, root, first_params))
+    assert checkpoint_steps(root) == [1, 2]  # num_checkpoints=2 over 2 iterations
+    model = root / "checkpoints" / "ckpt-2" / "algorithm.pt"
+    data = bytearray(model.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different content
+    model.write_bytes(bytes(data))
+
+    params = [p for p in first_params if not p.startswith("TrainerConfig.num_env_steps")]
+    proc = train(conf, root, params + ["TrainerConfig.num_env_steps=1024"])
+    check_ok(proc)
+    warnings = [line for line in proc.stderr.splitlines() if "WARNING" in line and str(model) in line]
+    assert len(warnings) == 1, proc.stderr[-3000:]
+    assert "does not match its manifest" in warnings[0]
+    assert "falling back to an older checkpoint (step 1)" in warnings[0]
+    ckpt1 = os.path.join(root, "checkpoints", "ckpt-1")
+    assert f"resumed from {ckpt1}: iteration 1," in proc.stderr
+    assert checkpoint_steps(root) == [1, 2, 4]
+    # ckpt-2 was written again by the resumed run and verifies now.
+    assert Checkpointer(os.path.join(root, "checkpoints")).load(2).meta["iteration"] == 2

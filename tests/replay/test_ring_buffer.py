@@ -1,0 +1,224 @@
+"""RingBuffer (per-env rings, contiguous uniform sequences) and whole_buffer_minibatches.
+
+Each stored step carries its absolute write index and its episode counter in ``rollout_info``, so contiguity,
+wrap-around and episode boundaries can be checked on every sampled sequence.
+"""
+import io
+from collections import Counter
+
+import pytest
+import torch
+
+import alfish.envs.toy  # noqa: F401
+from alfish.data.types import Experience, StepType
+from alfish.envs.batched_env import BatchedEnv
+from alfish.replay.batching import to_time_major, whole_buffer_minibatches
+from alfish.replay.ring_buffer import RingBuffer
+
+F, M, L = StepType.FIRST, StepType.MID, StepType.LAST
+
+
+def step(env_ids, index, episode=None, step_type=None):
+    """A hand-built stored step for rings ``env_ids``; ``index`` is each row's absolute write index."""
+    env_ids = torch.as_tensor(env_ids, dtype=torch.int64)
+    index = torch.as_tensor(index, dtype=torch.int64).expand(env_ids.shape)
+    n = env_ids.shape[0]
+    episode = torch.zeros(n, dtype=torch.int64) if episode is None else torch.as_tensor(episode).expand(n)
+    return Experience(
+        step_type=torch.full((n,), M, dtype=torch.int8) if step_type is None else step_type,
+        reward=index.float(),
+        discount=torch.ones(n),
+        observation=torch.stack([index.float(), env_ids.float()], -1),  # [n, 2]
+        action=torch.zeros(n, 1),
+        env_id=env_ids,
+        rollout_info=dict(index=index.clone(), episode=episode.clone()),
+    )
+
+
+def filled(num_envs, capacity, steps, generator=None):
+    buf = RingBuffer(num_envs, capacity, generator=generator)
+    for i in range(steps):
+        buf.add(step(torch.arange(num_envs), i))
+    return buf
+
+
+# ------------------------------------------------------------------------- sequences from a real batched env ---
+
+def test_sequences_from_real_env_are_contiguous_and_show_episode_boundaries():
+    """Chain-v0 x 3 with random actions, 45 steps into rings of 16: every sampled sequence lies in one env's
+    readable window [29, 45), its indices are consecutive, and the episode counter changes exactly where a LAST step
+    is followed by a FIRST step."""
+    num_envs, capacity, total, length = 3, 16, 45, 6
+    env = BatchedEnv("alfish/Chain-v0", num_envs, seed=4)
+    gen = torch.Generator().manual_seed(0)
+    buf = RingBuffer(num_envs, capacity, generator=torch.Generator().manual_seed(1))
+    ts = env.reset()
+    episode = torch.zeros(num_envs, dtype=torch.int64)
+    for i in range(total):
+        episode += (ts.step_type == F).long()  # counted by the test, from the stream it fed in
+        action = torch.randint(0, 2, (num_envs,), generator=gen)
+        exp = Experience.from_time_step(ts, action, dict(index=torch.full((num_envs,), i), episode=episode.clone()))
+        buf.add(exp)
+        ts = env.step(action)
+    env.close()
+    assert buf.num_stored().tolist() == [capacity] * num_envs
+
+    exp, info = buf.sample_uniform(batch_size=600, length=length)
+    idx, ep, st = exp.rollout_info["index"], exp.rollout_info["episode"], exp.step_type
+    assert idx.shape == ep.shape == st.shape == (600, length)
+    assert exp.observation.shape == (600, length, 5)
+    # Which ring and where: BatchInfo agrees with what was stored.
+    assert torch.equal(exp.env_id, info.env_ids.unsqueeze(1).expand(-1, length))
+    assert torch.equal(idx[:, 0], info.positions)
+    # Contiguous in write order and never wrapping from the newest slot (44) to the oldest (29).
+    assert torch.equal(idx, info.positions.unsqueeze(1) + torch.arange(length))
+    assert int(idx.min()) >= total - capacity and int(idx.max()) <= total - 1
+    # Episode boundaries: the counter changes between k and k+1 exactly where st[k] is LAST and st[k+1] is FIRST.
+    changes = ep[:, 1:] != ep[:, :-1]
+    boundary = (st[:, :-1] == L) & (st[:, 1:] == F)
+    assert torch.equal(changes, boundary)
+    assert int(changes.sum()) > 50  # plenty of sequences do cross episodes
+    # Every FIRST inside a sequence follows a LAST (the ring never splices two unrelated histories).
+    assert torch.equal(st[:, 1:] == F, boundary)
+
+
+def test_no_wrap_exact_set_of_sequences():
+    # capacity 5, 7 writes: the ring holds indices 2..6 (slots 2,3,4,0,1). Length 3 -> exactly [2,3,4], [3,4,5],
+    # [4,5,6]; never [5,6,2] or [6,2,3] (wrapping from the newest to the oldest).
+    buf = filled(1, 5, 7, generator=torch.Generator().manual_seed(0))
+    exp, info = buf.sample_uniform(300, 3)
+    seen = Counter(tuple(row) for row in exp.rollout_info["index"].tolist())
+    assert set(seen) == {(2, 3, 4), (3, 4, 5), (4, 5, 6)}
+    assert all(count > 60 for count in seen.values())  # ~100 each
+    assert torch.equal(exp.reward, exp.rollout_info["index"].float())  # fields stay aligned
+    assert set(info.positions.tolist()) == {2, 3, 4}
+
+
+def test_start_positions_are_uniform_over_all_stored_sequences():
+    """env 0 holds 15 writes in a ring of 10 (indices 5..14 -> 8 starts for length 3), env 1 only 5 (indices 0..4 ->
+    3 starts). 11 sequences in all; each should be drawn ~1/11 of the time, so env 1 gets ~3/11 (not 1/2)."""
+    buf = RingBuffer(2, 10, generator=torch.Generator().manual_seed(123))
+    for i in range(15):
+        ids = [0, 1] if i < 5 else [0]
+        buf.add(step(ids, i))
+    assert buf.num_stored().tolist() == [10, 5]
+    n = 22000
+    _, info = buf.sample_uniform(n, 3)
+    counts = Counter(zip(info.env_ids.tolist(), info.positions.tolist()))
+    expected_keys = {(0, p) for p in range(5, 13)} | {(1, p) for p in range(0, 3)}
+    assert set(counts) == expected_keys
+    # n / 11 = 2000 per sequence; binomial std = sqrt(n * 1/11 * 10/11) ~ 43, so +-300 is ~7 std: loose but it
+    # catches e.g. "pick an env uniformly, then a start" (env 1's starts would get n / 6 ~ 3667 each).
+    for key in expected_keys:
+        assert 1700 <= counts[key] <= 2300, (key, counts[key])
+
+
+def test_too_few_steps_for_the_length_is_a_clear_error():
+    buf = filled(2, 8, 3)
+    with pytest.raises(RuntimeError, match=r"holds \[3, 3\] steps per env, too few for sequences of "
+                                           r"mini_batch_length=4"):
+        buf.sample_uniform(4, 4)
+
+
+# ---------------------------------------------------------------------------------------------------- clearing ---
+
+def test_clear_keep_last_keeps_exactly_the_newest_step_per_env():
+    buf = filled(2, 5, 7)  # indices 2..6 readable per env
+    buf.clear(keep_last=1)
+    assert buf.num_stored().tolist() == [1, 1]
+    assert buf.total_stored() == 2
+    kept = buf.gather_all()
+    assert kept.rollout_info["index"].tolist() == [[6], [6]]
+    assert kept.observation.tolist() == [[[6.0, 0.0]], [[6.0, 1.0]]]
+    # New steps continue after the kept one, contiguously: 6, 7, 8.
+    for i in (7, 8):
+        buf.add(step([0, 1], i))
+    assert buf.gather_all().rollout_info["index"].tolist() == [[6, 7, 8], [6, 7, 8]]
+    exp, _ = buf.sample_uniform(50, 2)
+    assert {tuple(r) for r in exp.rollout_info["index"].tolist()} <= {(6, 7), (7, 8)}
+    buf.clear()
+    assert buf.num_stored().tolist() == [0, 0]
+
+
+# ------------------------------------------------------------------------------------------------- gather_all ---
+
+def test_gather_all_shapes_are_env_major():
+    buf = filled(3, 8, 11)  # 8 readable per env: indices 3..10
+    exp = buf.gather_all()
+    assert exp.step_type.shape == exp.reward.shape == (3, 8)
+    assert exp.observation.shape == (3, 8, 2)
+    assert exp.action.shape == (3, 8, 1)
+    assert exp.rollout_info["index"].tolist() == [list(range(3, 11))] * 3
+    assert exp.env_id.tolist() == [[0] * 8, [1] * 8, [2] * 8]
+
+
+def test_gather_all_needs_equal_counts():
+    buf = RingBuffer(2, 8)
+    buf.add(step([0, 1], 0))
+    buf.add(step([0], 1))
+    with pytest.raises(RuntimeError, match=r"same number of steps per env, got \[2, 1\]"):
+        buf.gather_all()
+
+
+# ---------------------------------------------------------------------------------------------- checkpointing ---
+
+def test_state_dict_round_trip_gives_identical_samples():
+    a = filled(2, 6, 9, generator=torch.Generator().manual_seed(7))
+    a.clear(keep_last=4)  # the readable window is part of the state
+    state = a.state_dict()
+    # Through the checkpoint format: torch.save + torch.load(weights_only=True).
+    blob = io.BytesIO()
+    torch.save(state, blob)
+    blob.seek(0)
+    state = torch.load(blob, weights_only=True)
+    b = RingBuffer(2, 6, generator=torch.Generator().manual_seed(7))
+    b.load_state_dict(state, example=step([0, 1], 0))
+    assert b.num_stored().tolist() == a.num_stored().tolist() == [4, 4]
+    for _ in range(3):
+        ea, ia = a.sample_uniform(16, 3)
+        eb, ib = b.sample_uniform(16, 3)
+        assert torch.equal(ia.env_ids, ib.env_ids) and torch.equal(ia.positions, ib.positions)
+        for x, y in zip(torch.utils._pytree.tree_leaves(ea), torch.utils._pytree.tree_leaves(eb)):
+            assert torch.equal(x, y)
+    assert set(ea.rollout_info["index"].flatten().tolist()) <= {5, 6, 7, 8}
+    # Writing continues at the same slots in both.
+    a.add(step([0, 1], 9))
+    b.add(step([0, 1], 9))
+    assert torch.equal(a.gather_all().rollout_info["index"], b.gather_all().rollout_info["index"])
+    assert b.gather_all().rollout_info["index"].tolist() == [[5, 6, 7, 8, 9]] * 2
+
+
+# ------------------------------------------------------------------------------------- whole-buffer mini-batches ---
+
+def test_whole_buffer_minibatches_visit_every_sequence_once_per_epoch():
+    buf = filled(3, 10, 10)
+    exp = buf.gather_all()  # [3, 10]
+    gen = torch.Generator().manual_seed(0)
+    # 10 steps per env in sequences of 3 -> 3 per env (step 9 left out), 9 in all; batches of 4 -> 4, 4, 1.
+    orders = []
+    for _ in range(2):  # two epochs
+        seen = []
+        sizes = []
+        for batch in whole_buffer_minibatches(exp, length=3, batch_size=4, generator=gen):
+            idx = batch.rollout_info["index"]
+            assert idx.shape[0] == 3  # time-major [L, B]
+            assert batch.observation.shape == (3, idx.shape[1], 2)
+            sizes.append(idx.shape[1])
+            assert torch.equal(idx, idx[0] + torch.arange(3).unsqueeze(1))  # each column consecutive in time
+            assert torch.equal(batch.env_id, batch.env_id[0].expand(3, -1))  # and from one env
+            seen += list(zip(batch.env_id[0].tolist(), idx[0].tolist()))
+        assert sizes == [4, 4, 1]
+        assert sorted(seen) == [(e, s) for e in range(3) for s in (0, 3, 6)]
+        orders.append(seen)
+    assert orders[0] != orders[1]  # reshuffled each epoch
+    (single,) = list(whole_buffer_minibatches(exp, length=5, batch_size=None))
+    assert single.step_type.shape == (5, 6)  # 2 sequences per env, all in one batch
+    assert list(whole_buffer_minibatches(exp, length=11, batch_size=None)) == []
+
+
+def test_to_time_major_transposes_every_leaf():
+    exp = filled(2, 4, 4).gather_all()  # [2, 4]
+    tm = to_time_major(exp)
+    assert tm.observation.shape == (4, 2, 2)
+    assert tm.rollout_info["index"].tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    assert tm.env_id.tolist() == [[0, 1]] * 4

@@ -1,0 +1,95 @@
+"""alfish against Stable-Baselines3 in the same run, at the same hyperparameters.
+
+    python tools/bench/bench_vs_sb3.py [--algos sac ppo] [--repeats 3] [--learn]
+
+Throughput: each framework trains ``--throughput_steps`` env steps without evaluation, in a fresh process, alternating
+alfish/SB3 ``--repeats`` times; the median env steps/s and the ratio alfish/SB3 are printed.
+Learning (``--learn``): one full run each with a deterministic 5-episode evaluation every ``eval_every`` env steps:
+wall-clock to the first evaluation at or above the threshold, and the final evaluation return.
+  * SAC on Pendulum-v1 at RL Zoo's hyperparameters (lr 1e-3, batch 256, 256x256, 1 gradient step per env step),
+    20k env steps, threshold -200. Identical hyperparameters on both sides; this is also the RL Zoo tuned conf.
+  * PPO on CartPole-v1: 8 envs, n_steps 32, batch 256, 20 epochs, GAE 0.8, gamma 0.98. Throughput at identical
+    (constant lr 1e-3, clip 0.2) settings; learning with alfish's conf vs RL Zoo's tuned conf (linear schedules).
+Also prints the SAC update's FLOP floor (tools/bench/sac_update_floor.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SPEC = {
+    "sac": dict(throughput_steps=2000, learn_steps=20000, eval_every=1000, threshold=-200.0),
+    "ppo": dict(throughput_steps=20480, learn_steps=100000, eval_every=5120, threshold=475.0),
+}
+
+
+def run(framework: str, algo: str, steps: int, setting: str = "identical", eval_every: int = 0,
+        threads: int = 0) -> dict:
+    cmd = [sys.executable, os.path.join(HERE, "run_one.py"), "--framework", framework, "--algo", algo,
+           "--steps", str(steps), "--setting", setting, "--eval_every", str(eval_every), "--threads", str(threads)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    for line in out.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"{' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
+
+
+def time_to_threshold(evals: list, threshold: float) -> float | None:
+    for _, elapsed, ret in evals:
+        if ret >= threshold:
+            return elapsed
+    return None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algos", nargs="+", default=["sac", "ppo"], choices=list(SPEC))
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--learn", action="store_true", help="also run the full learning comparison")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
+    args = parser.parse_args()
+    summary = {}
+    for algo in args.algos:
+        spec = SPEC[algo]
+        rates = {"alfish": [], "sb3": []}
+        for _ in range(args.repeats):
+            for fw in ("alfish", "sb3"):
+                r = run(fw, algo, spec["throughput_steps"], threads=args.threads)
+                rates[fw].append(r["steps"] / r["learn_s"])
+        med = {fw: statistics.median(v) for fw, v in rates.items()}
+        print(f"[{algo}] env steps/s over {spec['throughput_steps']} steps, median of {args.repeats}: "
+              f"alfish {med['alfish']:.0f}  sb3 {med['sb3']:.0f}  ratio alfish/sb3 {med['alfish'] / med['sb3']:.2f}  "
+              f"(all: alfish {[round(x) for x in rates['alfish']]}, sb3 {[round(x) for x in rates['sb3']]})",
+              flush=True)
+        summary[algo] = dict(steps_per_s=med, ratio=med["alfish"] / med["sb3"])
+        if args.learn:
+            setting = "tuned"
+            res = {fw: run(fw, algo, spec["learn_steps"], setting, spec["eval_every"], args.threads)
+                   for fw in ("alfish", "sb3")}
+            for fw, r in res.items():
+                ttt = time_to_threshold(r["evals"], spec["threshold"])
+                final = r["evals"][-1][2] if r["evals"] else float("nan")
+                print(f"[{algo}] {fw}: {r['steps']} env steps in {r['learn_s']:.0f}s; first eval >= "
+                      f"{spec['threshold']:g} at {'never' if ttt is None else f'{ttt:.0f}s'}; final eval return "
+                      f"{final:.1f}; evals {[(s, round(t), round(v, 1)) for s, t, v in r['evals']]}", flush=True)
+                summary[algo][f"{fw}_time_to_threshold_s"] = ttt
+                summary[algo][f"{fw}_final_return"] = final
+            a, b = summary[algo]["alfish_time_to_threshold_s"], summary[algo]["sb3_time_to_threshold_s"]
+            if a is not None and b is not None:
+                print(f"[{algo}] wall-clock to threshold, alfish/sb3: {a / b:.2f}", flush=True)
+    if "sac" in args.algos:
+        cmd = [sys.executable, os.path.join(HERE, "sac_update_floor.py")]
+        if args.threads:
+            cmd += ["--threads", str(args.threads)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        print(out.stdout.splitlines()[0] if out.returncode == 0 else out.stderr[-2000:], flush=True)
+    print("SUMMARY " + json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
