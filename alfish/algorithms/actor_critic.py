@@ -46,7 +46,9 @@ class ActorCriticNetworks(nn.Module):
             log_prob, entropy = D.categorical_log_prob(out, action), D.categorical_entropy(out)
         else:
             log_std = self.log_std.expand_as(out)
-            action = out if greedy else out + log_std.exp() * torch.randn_like(out)
+            # The sample is detached: its log-prob must depend on the mean (score-function gradient), which the
+            # reparameterised sample would cancel out.
+            action = (out if greedy else out + log_std.exp() * torch.randn_like(out)).detach()
             log_prob, entropy = D.gaussian_log_prob(action, out, log_std), D.gaussian_entropy(log_std)
         return PolicyOutput(action, log_prob, entropy, self.value(obs))
 

@@ -224,6 +224,7 @@ def _parse_sources(sources: Sequence[_Source]) -> None:
 
 def _parse_source(source: _Source) -> list[_Source]:
     """Parses one source with gin; returns the files it included (for locating later errors)."""
+    _check_includes_exist(source)
     stream = io.StringIO(source.text)
     stream.name = source.name  # gin reports locations by the stream's name.
     try:
@@ -231,6 +232,21 @@ def _parse_source(source: _Source) -> list[_Source]:
     except (SyntaxError, tokenize.TokenError, ValueError, KeyError, ImportError, OSError) as error:
         raise _translate(error, source) from error
     return [_Source(name=path, text=_read(path)) for path in _included_paths(includes)]
+
+
+def _check_includes_exist(source: _Source) -> None:
+    """ConfError for an `include` of a file that is on none of gin's search paths.
+
+    Checked before gin parses, because gin's fallback lookup of a missing include as a Python package resource
+    crashes with a TypeError when the include's folder is an importable namespace package (e.g. `confs/`).
+    """
+    for line_number, line in enumerate(source.text.splitlines(), start=1):
+        included = _INCLUDE_STATEMENT_RE.match(_strip_comment(line))
+        if included and _resolve_include(included['file']) is None:
+            prefixes = [''] if os.path.isabs(included['file']) else gin_config._LOCATION_PREFIXES
+            searched = ', '.join(p or f'cwd {os.getcwd()}' for p in prefixes)
+            raise ConfError(f"{source.where(line_number)}: included file '{included['file']}' not found "
+                            f"(searched: {searched})")
 
 
 def _included_paths(includes: Sequence[Any]) -> Iterator[str]:

@@ -226,9 +226,12 @@ class TrainerConfig:
         if self.num_iterations > 0:
             limits.append(int(self.num_iterations))
         if self.num_env_steps > 0:
+            # The warm-up (initial_collect_steps, rounded up to whole steps of every env) counts towards
+            # num_env_steps but takes no iteration.
+            warm_up = math.ceil(self.initial_collect_steps / num_envs) * num_envs
             # Exact rational arithmetic so that e.g. unroll_length=0.1 does not lose an iteration to rounding.
             steps_per_iteration = Fraction(self.unroll_length).limit_denominator(10**6) * num_envs
-            limits.append(math.ceil(Fraction(self.num_env_steps) / steps_per_iteration))
+            limits.append(max(1, math.ceil(Fraction(self.num_env_steps - warm_up) / steps_per_iteration)))
         return min(limits)
 
     def resolved_summary_interval(self, num_envs: int) -> int:

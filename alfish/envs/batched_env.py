@@ -151,8 +151,11 @@ class BatchedEnv:
 
     def _to_env_action(self, action: torch.Tensor) -> np.ndarray:
         expected = (self.num_envs,) + self.action_shape
-        if not isinstance(action, torch.Tensor) or tuple(action.shape) != expected:
-            got = list(action.shape) if hasattr(action, "shape") else type(action).__name__
+        if not isinstance(action, torch.Tensor):
+            raise ValueError(f"action is a {type(action).__module__}.{type(action).__name__} but env '{self.env_name}' "
+                             f"expects a torch.Tensor of shape {list(expected)}")
+        if tuple(action.shape) != expected:
+            got = list(action.shape)
             raise ValueError(f"action has shape {got} but env '{self.env_name}' ({self.action_space}) with "
                              f"{self.num_envs} envs expects {list(expected)}")
         if self.discrete:

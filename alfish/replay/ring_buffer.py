@@ -15,7 +15,7 @@ from typing import Any, Optional
 import torch
 from torch.utils import _pytree as pytree
 
-from alfish.data.types import BatchInfo, Experience
+from alfish.data.types import BatchInfo, Experience, StepType
 
 
 class RingBuffer:
@@ -69,6 +69,20 @@ class RingBuffer:
         """Forget everything except the newest ``keep_last`` steps of each env (kept at their absolute indices)."""
         # The kept steps stay in their slots; only the oldest readable index moves.
         self._floor = torch.maximum(self._floor, self._write_count - keep_last)
+
+    def truncate_episodes(self) -> None:
+        """Mark the newest stored step of every env LAST (keeping its discount), i.e. a time-limit truncation.
+
+        Used after a resume restarts the envs mid-episode: the next stored step is a FIRST, and the transition into it
+        must not look like a real one. The step's own reward and discount stay valid, so it still bootstraps.
+        """
+        if self._storage is None:
+            return
+        has_data = self.num_stored() > 0
+        env_ids = torch.arange(self.num_envs)[has_data]
+        slots = (self._write_count[has_data] - 1) % self.capacity
+        stored: Experience = pytree.tree_unflatten(self._storage, self._spec)  # views of the storage, no copy
+        stored.step_type[env_ids, slots] = StepType.LAST
 
     # ---------------------------------------------------------------------------------------------------- reading --
     def oldest_index(self) -> torch.Tensor:

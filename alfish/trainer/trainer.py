@@ -61,12 +61,12 @@ def seed_everything(seed: int) -> None:
 class Trainer:
     """Runs one experiment described by ``config``.
 
-    save_replay_buffer: also store the replay buffer (as tensors) in checkpoints, so a resumed run continues with the
-    same data. num_threads: torch intra-op threads (``None``: torch's default). progress_log_interval_s: seconds
+    save_replay_buffer: store the replay buffer (as tensors, full capacity) in checkpoints, so a resumed run continues
+    with the same data; set False to keep checkpoints small (a resume then refills one mini-batch of fresh steps). num_threads: torch intra-op threads (``None``: torch's default). progress_log_interval_s: seconds
     between progress lines when stderr is not a terminal.
     """
 
-    def __init__(self, config: TrainerConfig, save_replay_buffer: bool = False, num_threads: Optional[int] = None,
+    def __init__(self, config: TrainerConfig, save_replay_buffer: bool = True, num_threads: Optional[int] = None,
                  progress_log_interval_s: float = 10.0):
         self.config = config
         self.root_dir = config.root_dir
@@ -162,13 +162,18 @@ class Trainer:
     def _warm_up(self) -> None:
         """Collect ``initial_collect_steps`` (total over envs) before training; skipped when resuming past it.
 
-        A resumed off-policy run whose checkpoint has no replay buffer refills just enough to sample from.
+        A resumed off-policy run whose checkpoint has no replay buffer (``Trainer.save_replay_buffer=False``) refills
+        one mini-batch worth of steps, so its first samples are not all duplicates.
         """
+        cfg = self.config
         if self.replay is None:
             return
-        steps_per_env = max(0, math.ceil((self.config.initial_collect_steps - self.env_steps) / self.env.num_envs))
-        need = (self.config.mini_batch_length or 1) - int(self.replay.num_stored().min())
-        steps_per_env = max(steps_per_env, need)
+        steps_per_env = max(0, math.ceil((cfg.initial_collect_steps - self.env_steps) / self.env.num_envs))
+        if not cfg.whole_replay_buffer_training and self.replay.total_stored() == 0 and self.iteration > 0:
+            refill = max(cfg.mini_batch_length, math.ceil(cfg.mini_batch_size / self.env.num_envs))
+            logging.info("resumed without a saved replay buffer: refilling %d steps per env before training "
+                         "(set Trainer.save_replay_buffer=True to keep the buffer in checkpoints)", refill)
+            steps_per_env = max(steps_per_env, refill)
         if steps_per_env > 0:
             start = time.monotonic()
             self.unroller.unroll(steps_per_env, self.replay.add, with_grad=False)
@@ -323,6 +328,7 @@ class Trainer:
                 alg_step = self.algorithm.rollout_step(self.unroller.time_step)
             example = Experience.from_time_step(self.unroller.time_step, alg_step.output, alg_step.info)
             self.replay.load_state_dict(ckpt.tensors["replay"], example)
+            self.replay.truncate_episodes()  # the envs restart below; stored episodes end where they were cut
         # Episodes in flight are not resumable; restart the envs with seeds that depend on the iteration.
         self.unroller.reset(seed=self.seed + 7919 * self.iteration)
         restore_rng_state(ckpt.tensors["rng"], meta["rng"])

@@ -202,15 +202,7 @@ def test_ppo_preprocess_experience_by_hand():
 
 # ---------------------------------------------------------------------------------------------------------- A2C ---
 
-A2C_GAUSSIAN_BUG = (
-    "alfish/algorithms/actor_critic.py:49 ActorCriticNetworks.act samples action = mean + std * eps WITH gradient and "
-    "then takes log_prob(action | mean, log_std) = -eps^2/2 - log_std - c: the mean drops out, so A2C's policy "
-    "gradient on Box actions never reaches net.policy.* (only net.log_std). The sampled action must be detached "
-    "before its log-prob is computed.")
-
-
-@pytest.mark.parametrize("env_id", ["CartPole-v1", pytest.param("Pendulum-v1", marks=pytest.mark.xfail(
-    strict=True, reason=A2C_GAUSSIAN_BUG))])
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
 def test_a2c_loss_terms_on_an_on_policy_unroll(env_id):
     torch.manual_seed(0)
     env = BatchedEnv(env_id, 2, seed=0)

@@ -181,9 +181,6 @@ def test_wrong_action_dtype_names_both_dtypes(make_env):
     assert message.endswith(" expects a floating dtype (e.g. torch.float32)")
 
 
-@pytest.mark.xfail(strict=True, reason="BatchedEnv._to_env_action: a numpy action of the right shape is rejected "
-                                       "with 'action has shape [2, 1] but ... expects [2, 1]' (names two equal "
-                                       "shapes and not the real problem, the type)")
 def test_numpy_action_of_right_shape_is_accepted_or_named_as_wrong_type(make_env):
     point = make_env("alfish/PointGoal-v0", 2, seed=0)
     point.reset()

@@ -36,11 +36,6 @@ def firsts_not_after_last(step_types):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason=(
-    "Trainer._restore (alfish/trainer/trainer.py) loads the saved replay buffer and then resets the envs "
-    "(unroller.reset) mid-episode, so the ring stores a MID step directly followed by a FIRST step; sampled "
-    "sequences then contain the fake transition MID -> reset observation (reward 0, discount 1), which SAC's "
-    "calc_loss does not mask (it masks only transitions out of LAST)."))
 def test_resumed_replay_buffer_never_splices_a_reset_into_an_episode(tmp_path):
     # 20 warm-up steps + 15 iterations = 35 stored steps; episodes are FIRST + 10 steps, so the run (and its final
     # checkpoint) ends mid-episode.
@@ -61,11 +56,6 @@ def test_resumed_replay_buffer_never_splices_a_reset_into_an_episode(tmp_path):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.xfail(strict=True, reason=(
-    "TrainerConfig.expected_num_iterations/checkpoint_iterations ignore the env steps of the warm-up "
-    "(initial_collect_steps) that Trainer counts toward num_env_steps: with num_env_steps=150, "
-    "initial_collect_steps=100, unroll_length=1 the run has 50 iterations but checkpoints are scheduled at 75 and "
-    "150, so only the end-of-run fallback checkpoint (50) is written: 1 checkpoint instead of num_checkpoints=2."))
 def test_num_checkpoints_are_written_when_warm_up_counts_toward_num_env_steps(tmp_path):
     trainer = build_trainer(tmp_path, ["TrainerConfig.initial_collect_steps = 100", "TrainerConfig.num_env_steps = 150",
                                        "TrainerConfig.num_checkpoints = 2"])
