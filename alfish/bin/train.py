@@ -48,8 +48,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         trainer = Trainer(config)
-    except (ValueError, TypeError) as err:
-        logging.error("could not build the experiment: %s", err)
+    except (ValueError, TypeError, RuntimeError) as err:
+        # e.g. a bad algorithm hyperparameter or an unknown env id; gin appends "In call to configurable ..." lines.
+        logging.error("could not build the experiment: %s", " ".join(str(err).split()))
         return 2
     write_config_record(args.root_dir)  # logs a warning for each binding that was set but never used
     return trainer.run()

@@ -24,11 +24,18 @@ def tanh_gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor, deterministi
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reparameterised sample ``a = tanh(u)``, ``u ~ N(mean, std)``, and its log density ``[N]``.
 
-    The tanh correction ``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))`` is the numerically stable form.
+    With ``u = mean + std * eps`` the Gaussian term is ``-eps^2/2 - log_std - log(2 pi)/2`` exactly (same value and
+    same gradients as evaluating the density at ``u``, in fewer ops). The tanh correction
+    ``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))`` is the numerically stable form.
     """
-    u = mean if deterministic else mean + torch.exp(log_std) * torch.randn_like(mean)
-    log_prob = gaussian_log_prob(u, mean, log_std)
-    log_prob = log_prob - (2.0 * (LOG_2 - u - F.softplus(-2.0 * u))).sum(-1)
+    if deterministic:
+        u, gaussian = mean, -log_std
+    else:
+        eps = torch.randn_like(mean)
+        u = mean + torch.exp(log_std) * eps
+        gaussian = -0.5 * eps * eps - log_std
+    correction = 2.0 * (u + F.softplus(-2.0 * u))  # = log 2 * 2 - log(1 - tanh(u)^2)
+    log_prob = (gaussian + correction).sum(-1) - mean.shape[-1] * (HALF_LOG_2PI + 2.0 * LOG_2)
     return torch.tanh(u), log_prob
 
 
