@@ -69,6 +69,9 @@ class A2cAlgorithm(OnPolicyAlgorithm):
         valid = (exp.step_type[:-1] != StepType.LAST).to(terms["value_loss"].dtype)
         loss = (terms["policy_loss"] + self.value_loss_coef * terms["value_loss"]
                 - self.entropy_coef * terms["entropy"]) * valid
-        count = valid.sum().clamp(min=1.0)
-        extra = {k: (v.detach() * valid).sum() / count for k, v in terms.items()}
+
+        def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
+            count = valid.sum().clamp(min=1.0)
+            return {k: (v.detach() * valid).sum() / count for k, v in terms.items()}
+
         return LossInfo(loss=loss, extra=extra)

@@ -83,7 +83,10 @@ class PpoAlgorithm(OffPolicyAlgorithm):
         return AlgStep(info=PpoTrainInfo(out.log_prob, out.entropy, out.value))
 
     def loss_terms(self, exp: Experience, train_info: PpoTrainInfo) -> dict[str, torch.Tensor]:
-        """Per-step terms ``[L*B]`` (with gradients): policy (clipped surrogate), value (squared error), entropy."""
+        """Per-step terms ``[L*B]`` (with gradients): policy (clipped surrogate), value (squared error), entropy.
+
+        Also returns ``valid`` (1 except at LAST steps, which have no successor) and the probability ``ratio``.
+        """
         old: PpoExperienceInfo = exp.rollout_info
         valid = (exp.step_type != StepType.LAST).flatten().to(train_info.log_prob.dtype)
         adv = old.advantage.flatten()
@@ -95,19 +98,22 @@ class PpoAlgorithm(OffPolicyAlgorithm):
         ratio = torch.exp(train_info.log_prob - old.log_prob.flatten())
         policy = -torch.min(ratio * adv, ratio.clamp(1 - self.clip_range, 1 + self.clip_range) * adv)
         value = (old.value_target.flatten() - train_info.value) ** 2
-        return dict(policy_loss=policy, value_loss=value, entropy=train_info.entropy, ratio=ratio)
+        return dict(policy_loss=policy, value_loss=value, entropy=train_info.entropy, ratio=ratio, valid=valid)
 
     def calc_loss(self, exp: Experience, train_info: PpoTrainInfo) -> LossInfo:
         """Per-step loss ``[L, B]``; LAST steps (no successor) are masked out."""
         terms = self.loss_terms(exp, train_info)
-        valid = (exp.step_type != StepType.LAST).flatten().to(train_info.log_prob.dtype)
+        valid = terms["valid"]
         loss = (terms["policy_loss"] + self.value_loss_coef * terms["value_loss"]
                 - self.entropy_coef * terms["entropy"]) * valid
-        with torch.no_grad():
-            count = valid.sum().clamp(min=1.0)
-            ratio = terms["ratio"]
-            log_ratio = train_info.log_prob - exp.rollout_info.log_prob.flatten()
-            extra = {k: (terms[k] * valid).sum() / count for k in ("policy_loss", "value_loss", "entropy")}
-            extra["approx_kl"] = (((ratio - 1) - log_ratio) * valid).sum() / count
-            extra["clip_fraction"] = (((ratio - 1).abs() > self.clip_range).float() * valid).sum() / count
+
+        def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
+            with torch.no_grad():
+                count = valid.sum().clamp(min=1.0)
+                ratio = terms["ratio"]
+                out = {k: (terms[k] * valid).sum() / count for k in ("policy_loss", "value_loss", "entropy")}
+                out["approx_kl"] = (((ratio - 1) - torch.log(ratio)) * valid).sum() / count
+                out["clip_fraction"] = (((ratio - 1).abs() > self.clip_range).float() * valid).sum() / count
+                return out
+
         return LossInfo(loss=loss.view(exp.step_type.shape), extra=extra)

@@ -108,12 +108,15 @@ class SacAlgorithm(OffPolicyAlgorithm):
         shape = exp.step_type[:-1].shape
         valid = (exp.step_type[:-1] != StepType.LAST).to(train_info.critic_loss.dtype).flatten()
         loss = (train_info.critic_loss + train_info.actor_loss + train_info.alpha_loss) * valid
-        count = valid.sum().clamp(min=1.0)
-        extra = dict(critic_loss=(train_info.critic_loss * valid).sum() / count,
-                     actor_loss=(train_info.actor_loss * valid).sum() / count,
-                     alpha_loss=(train_info.alpha_loss * valid).sum() / count,
-                     alpha=self.log_alpha.detach().exp(),
-                     entropy=-(train_info.log_prob * valid).sum() / count)
+
+        def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
+            count = valid.sum().clamp(min=1.0)
+            terms = torch.stack([train_info.critic_loss, train_info.actor_loss, train_info.alpha_loss,
+                                 -train_info.log_prob]).detach()
+            means = (terms * valid).sum(-1) / count
+            return dict(critic_loss=means[0], actor_loss=means[1], alpha_loss=means[2], entropy=means[3],
+                        alpha=self.log_alpha.detach().exp())
+
         return LossInfo(loss=loss.view(shape), extra=extra)
 
     def after_update(self) -> None:

@@ -113,7 +113,8 @@ class LossInfo(NamedTuple):
 
     loss:     per-sample loss ``[L, B]`` or ``[B]`` (the trainer applies importance weights and takes the mean),
               or a scalar.
-    extra:    dict of named loss terms (scalars or per-sample tensors) for TensorBoard.
+    extra:    named loss terms for TensorBoard: a dict of scalar tensors, or a zero-argument callable returning one
+              (preferred: the trainer calls it only when a summary is due, so the reductions cost nothing otherwise).
     priority: ``[B]`` new replay priorities, or ``()`` when the algorithm gives none.
     """
 

@@ -1,4 +1,4 @@
-from alfish.replay.batching import to_time_major, whole_buffer_minibatches
+from alfish.replay.batching import WholeBufferBatches, to_time_major, whole_buffer_minibatches
 from alfish.replay.ring_buffer import RingBuffer
 
-__all__ = ["RingBuffer", "to_time_major", "whole_buffer_minibatches"]
+__all__ = ["RingBuffer", "WholeBufferBatches", "to_time_major", "whole_buffer_minibatches"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Iterator, Optional
 
 import torch
+from torch.utils import _pytree as pytree
 
 from alfish.data import nest
 from alfish.data.types import Experience
@@ -14,22 +15,45 @@ def to_time_major(exp: Experience) -> Experience:
     return nest.map_nest(lambda x: x.transpose(0, 1), exp)
 
 
-def whole_buffer_minibatches(exp: Experience, length: int, batch_size: Optional[int],
-                             generator: Optional[torch.Generator] = None) -> Iterator[Experience]:
-    """One epoch over ``exp`` ``[B, T]`` as shuffled time-major mini-batches ``[length, batch_size]``.
+class WholeBufferBatches:
+    """Epochs over experience ``[B, T]`` as shuffled time-major mini-batches ``[length, batch_size]``.
 
     The ``T`` steps of each env are cut into ``T // length`` sequences (a remainder of ``T % length`` steps is left
-    out); ``batch_size=None`` means all sequences in one batch. The last batch may be smaller.
+    out); ``batch_size=None`` means all sequences in one batch. The last batch of an epoch may be smaller. The sequences
+    are laid out once; when one batch holds everything (PPO with one mini-batch per epoch) every epoch reuses it, as
+    the order of samples inside a full batch does not change its gradient.
     """
-    num_envs, steps = exp.step_type.shape[:2]
-    per_env = steps // length
-    if per_env == 0:
-        return
-    sequences = nest.map_nest(
-        lambda x: x[:, :per_env * length].reshape((num_envs * per_env, length) + tuple(x.shape[2:])), exp)
-    total = num_envs * per_env
-    order = torch.randperm(total, generator=generator)
-    batch_size = batch_size or total
-    for start in range(0, total, batch_size):
-        idx = order[start:start + batch_size]
-        yield to_time_major(nest.map_nest(lambda x: x[idx], sequences))
+
+    def __init__(self, exp: Experience, length: int, batch_size: Optional[int],
+                 generator: Optional[torch.Generator] = None):
+        num_envs, steps = exp.step_type.shape[:2]
+        per_env = steps // length
+        self.total = num_envs * per_env
+        self.batch_size = min(batch_size or self.total, self.total)
+        self._generator = generator
+        leaves, self._spec = pytree.tree_flatten(exp)
+        # [B, T, ...] -> [B * per_env, length, ...]
+        self._sequences = [x[:, :per_env * length].reshape((self.total, length) + tuple(x.shape[2:]))
+                           for x in leaves]
+        self._full_batch: Optional[Experience] = None
+        if self.total and self.batch_size == self.total:
+            self._full_batch = self._batch(slice(None))
+
+    def _batch(self, idx: torch.Tensor | slice) -> Experience:
+        return pytree.tree_unflatten([x[idx].transpose(0, 1) for x in self._sequences], self._spec)
+
+    def epoch(self) -> Iterator[Experience]:
+        if self.total == 0:
+            return
+        if self._full_batch is not None:
+            yield self._full_batch
+            return
+        order = torch.randperm(self.total, generator=self._generator)
+        for start in range(0, self.total, self.batch_size):
+            yield self._batch(order[start:start + self.batch_size])
+
+
+def whole_buffer_minibatches(exp: Experience, length: int, batch_size: Optional[int],
+                             generator: Optional[torch.Generator] = None) -> Iterator[Experience]:
+    """One epoch of ``WholeBufferBatches`` (see there)."""
+    return WholeBufferBatches(exp, length, batch_size, generator).epoch()

@@ -23,7 +23,7 @@ from alfish.algorithms.base import Algorithm
 from alfish.config.trainer_config import TrainerConfig
 from alfish.data.types import Experience, LossInfo
 from alfish.envs.batched_env import BatchedEnv, create_environment
-from alfish.replay.batching import to_time_major, whole_buffer_minibatches
+from alfish.replay.batching import WholeBufferBatches, to_time_major
 from alfish.replay.ring_buffer import RingBuffer
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.evaluator import Evaluator
@@ -44,6 +44,12 @@ class NonFiniteLossError(RuntimeError):
 
 class TrainingStopped(SystemExit):
     """Raised after a signal-requested stop has written its checkpoint; carries the exit code (128 + signal)."""
+
+
+def loss_terms(loss_info: LossInfo) -> dict:
+    """The named loss terms of ``loss_info.extra`` (a dict, or a callable computing one lazily)."""
+    extra = loss_info.extra
+    return dict(extra() if callable(extra) else (extra or {}))
 
 
 def build_algorithm(config: TrainerConfig, env: BatchedEnv) -> Algorithm:
@@ -213,11 +219,12 @@ class Trainer:
 
     def _train_on_whole_buffer(self) -> None:
         """Epochs of shuffled mini-batches over everything stored; then (optionally) clear all but the newest step
-        of each env, which the next unroll's first transition bootstraps from... and starts from."""
+        of each env: the next unroll's first transition starts from it."""
         cfg = self.config
         exp = self.algorithm.preprocess_experience(self.replay.gather_all())
+        batches = WholeBufferBatches(exp, cfg.mini_batch_length or 1, cfg.mini_batch_size)
         for _ in range(cfg.num_updates_per_train_iter):
-            for batch in whole_buffer_minibatches(exp, cfg.mini_batch_length or 1, cfg.mini_batch_size):
+            for batch in batches.epoch():
                 self._update(batch)
         if cfg.clear_replay_buffer:
             self.replay.clear(keep_last=1)
@@ -230,7 +237,7 @@ class Trainer:
     def _apply_loss(self, loss_info: LossInfo) -> None:
         loss = loss_info.loss.mean()
         if not torch.isfinite(loss):
-            terms = {k: float(v) for k, v in (loss_info.extra or {}).items() if isinstance(v, torch.Tensor)}
+            terms = {k: float(v) for k, v in loss_terms(loss_info).items()}
             raise NonFiniteLossError(f"loss is {float(loss)} at iteration {self.iteration} (update "
                                      f"{self.num_updates}); terms: {terms}; lower the learning rates or check the "
                                      "env's rewards/observations for NaN/inf")
@@ -240,9 +247,8 @@ class Trainer:
         self.optimizer.step()
         self.algorithm.after_update()
         self.num_updates += 1
-        self._last_loss = loss_info._replace(loss=loss.detach(), extra=dict(loss_info.extra or {}))
-        if grad_norm is not None:
-            self._last_loss.extra["grad_norm"] = grad_norm
+        self._last_loss = loss_info._replace(loss=loss.detach())
+        self._last_grad_norm = grad_norm
 
     # --------------------------------------------------------------------------- summaries, eval, checkpoints ----
     def _after_iteration(self) -> None:
@@ -261,7 +267,9 @@ class Trainer:
         s, it = self.summaries, self.iteration
         if self._last_loss is not None:
             s.scalar("loss/total", self._last_loss.loss, it)
-            s.scalars("loss", self._last_loss.extra, it)
+            s.scalars("loss", loss_terms(self._last_loss), it)
+            if self._last_grad_norm is not None:
+                s.scalar("loss/grad_norm", self._last_grad_norm, it)
         if len(self.stats.returns) >= min(self.config.metric_min_buffer_size, self.stats.returns.maxlen):
             s.scalar("train/episode_return", self.stats.average_return(), it)
             s.scalar("train/episode_length", self.stats.average_length(), it)
