@@ -10,7 +10,7 @@ import torch
 from alfish.algorithms.actor_critic import ActorCriticNetworks
 from alfish.algorithms.base import OnPolicyAlgorithm
 from alfish.data.types import Experience, LossInfo, StepType
-from alfish.losses.returns import generalized_advantage_estimation
+from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
 
 
 class A2cRolloutInfo(NamedTuple):
@@ -55,11 +55,7 @@ class A2cAlgorithm(OnPolicyAlgorithm):
                                                self.gae_lambda)
         value_target = adv + value.detach()[:-1]
         if self.normalize_advantages:
-            valid = (exp.step_type[:-1] != StepType.LAST).to(value.dtype)
-            count = valid.sum().clamp(min=1.0)
-            mean = (adv * valid).sum() / count
-            std = torch.sqrt(((adv - mean) ** 2 * valid).sum() / (count - 1).clamp(min=1.0))
-            adv = (adv - mean) / (std + 1e-8)
+            adv = masked_standardize(adv, (exp.step_type[:-1] != StepType.LAST).to(value.dtype))
         return dict(policy_loss=-adv * info.log_prob[:-1], value_loss=(value_target - value[:-1]) ** 2,
                     entropy=info.entropy[:-1])
 

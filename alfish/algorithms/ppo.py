@@ -15,7 +15,7 @@ import torch
 from alfish.algorithms.actor_critic import ActorCriticNetworks
 from alfish.algorithms.base import OffPolicyAlgorithm
 from alfish.data.types import AlgStep, Experience, LossInfo, StepType
-from alfish.losses.returns import generalized_advantage_estimation
+from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
 
 
 class PpoRolloutInfo(NamedTuple):
@@ -91,10 +91,7 @@ class PpoAlgorithm(OffPolicyAlgorithm):
         valid = (exp.step_type != StepType.LAST).flatten().to(train_info.log_prob.dtype)
         adv = old.advantage.flatten()
         if self.normalize_advantages:
-            count = valid.sum().clamp(min=1.0)
-            mean = (adv * valid).sum() / count
-            std = torch.sqrt(((adv - mean) ** 2 * valid).sum() / (count - 1).clamp(min=1.0))
-            adv = (adv - mean) / (std + 1e-8)
+            adv = masked_standardize(adv, valid)
         ratio = torch.exp(train_info.log_prob - old.log_prob.flatten())
         policy = -torch.min(ratio * adv, ratio.clamp(1 - self.clip_range, 1 + self.clip_range) * adv)
         value = (old.value_target.flatten() - train_info.value) ** 2

@@ -1,3 +1,3 @@
-from alfish.losses.returns import discounted_return, generalized_advantage_estimation
+from alfish.losses.returns import discounted_return, generalized_advantage_estimation, masked_standardize
 
-__all__ = ["discounted_return", "generalized_advantage_estimation"]
+__all__ = ["discounted_return", "generalized_advantage_estimation", "masked_standardize"]

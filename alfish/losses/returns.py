@@ -46,3 +46,11 @@ def generalized_advantage_estimation(rewards: torch.Tensor, values: torch.Tensor
         advantages[t] = torch.where(is_last[t], torch.zeros_like(adv), adv)
         next_adv = advantages[t]
     return advantages
+
+
+def masked_standardize(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+    """``(x - mean) / (std + eps)`` with mean and (unbiased) std over the entries where ``mask`` is 1; any shape."""
+    count = mask.sum().clamp(min=1.0)
+    mean = (x * mask).sum() / count
+    std = torch.sqrt(((x - mean) ** 2 * mask).sum() / (count - 1).clamp(min=1.0))
+    return (x - mean) / (std + eps)

@@ -227,3 +227,14 @@ def test_random_streams_match_forward_reference(seed):
     torch.testing.assert_close(ret[mask], ref_ret[mask])
     torch.testing.assert_close(adv[mask], ref_adv[mask])
     assert (adv[~mask] == 0).all()
+
+
+def test_masked_standardize_uses_only_masked_entries():
+    from alfish.losses.returns import masked_standardize
+
+    x = torch.tensor([1.0, 2.0, 3.0, 100.0])
+    mask = torch.tensor([1.0, 1.0, 1.0, 0.0])
+    # over {1, 2, 3}: mean 2, unbiased std sqrt(((1)^2 + 0 + 1^2) / 2) = 1
+    out = masked_standardize(x, mask)
+    assert torch.allclose(out[:3], torch.tensor([-1.0, 0.0, 1.0]), atol=1e-6)
+    assert out[3].item() == pytest.approx(98.0, abs=1e-4)
