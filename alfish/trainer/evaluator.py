@@ -21,11 +21,15 @@ class Evaluator:
     """Runs ``num_episodes`` on ``env`` (``B`` envs).
 
     Counting is unbiased towards short episodes: each env contributes exactly its first ``ceil(num_episodes / B)``
-    episodes, so the result averages ``B * ceil(num_episodes / B)`` episodes.
+    episodes, so the result averages ``B * ceil(num_episodes / B)`` episodes. Each evaluation resets the envs with a
+    new seed (``seed + 7919 * k`` for the k-th evaluation): reproducible, but not always the same start states.
     """
 
-    def __init__(self, env: BatchedEnv, num_episodes: int, epsilon_greedy: float, max_steps: int = 1_000_000):
+    def __init__(self, env: BatchedEnv, num_episodes: int, epsilon_greedy: float, seed: int = 0,
+                 max_steps: int = 1_000_000):
         self.env = env
+        self.seed = seed
+        self.num_evaluations = 0
         self.per_env = math.ceil(num_episodes / env.num_envs)
         self.epsilon_greedy = epsilon_greedy
         self.max_steps = max_steps
@@ -39,7 +43,8 @@ class Evaluator:
         ret = torch.zeros(n, dtype=torch.float64)
         length = torch.zeros(n, dtype=torch.int64)
         returns, lengths = [], []
-        time_step = self.env.reset()
+        time_step = self.env.reset(seed=self.seed + 7919 * self.num_evaluations)
+        self.num_evaluations += 1
         for _ in range(self.max_steps):
             if bool((done >= self.per_env).all()):
                 break

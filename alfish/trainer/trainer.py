@@ -106,9 +106,9 @@ class Trainer:
         if config.evaluate:
             if config.async_eval:
                 logging.info("async_eval=True: asynchronous evaluation is not built yet; evaluating synchronously")
-            eval_env = create_environment(num_parallel_environments=config.num_eval_environments,
-                                          seed=self.seed + EVAL_SEED_OFFSET)
-            self.evaluator = Evaluator(eval_env, config.num_eval_episodes, config.epsilon_greedy)
+            eval_seed = self.seed + EVAL_SEED_OFFSET
+            eval_env = create_environment(num_parallel_environments=config.num_eval_environments, seed=eval_seed)
+            self.evaluator = Evaluator(eval_env, config.num_eval_episodes, config.epsilon_greedy, seed=eval_seed)
         # Progress counters (all checkpointed).
         self.iteration = 0
         self.env_steps = 0
@@ -331,6 +331,8 @@ class Trainer:
         self.num_updates, self._unroll_credit = meta["num_updates"], meta["unroll_credit"]
         self._elapsed_before = meta.get("elapsed_s", 0.0)
         self.stats.num_episodes = meta.get("num_episodes", 0)
+        if self.evaluator is not None:  # continue the sequence of evaluation seeds
+            self.evaluator.num_evaluations = self.iteration // self.eval_interval
         if "replay" in ckpt.tensors and self.replay is not None:
             with torch.inference_mode():
                 alg_step = self.algorithm.rollout_step(self.unroller.time_step)
