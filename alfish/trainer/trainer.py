@@ -175,6 +175,9 @@ class Trainer:
         if self.replay is None:
             return
         steps_per_env = max(0, math.ceil((cfg.initial_collect_steps - self.env_steps) / self.env.num_envs))
+        if not cfg.whole_replay_buffer_training:
+            # Sampling needs at least one whole sequence per env before the first update.
+            steps_per_env = max(steps_per_env, cfg.mini_batch_length - int(self.replay.num_stored().min()))
         if not cfg.whole_replay_buffer_training and self.replay.total_stored() == 0 and self.iteration > 0:
             refill = max(cfg.mini_batch_length, math.ceil(cfg.mini_batch_size / self.env.num_envs))
             logging.info("resumed without a saved replay buffer: refilling %d steps per env before training "

@@ -2,6 +2,7 @@
 import os
 
 import gin
+import torch
 import pytest
 
 from alfish.config import TrainerConfig, load_conf
@@ -64,3 +65,38 @@ def test_num_checkpoints_are_written_when_warm_up_counts_toward_num_env_steps(tm
     steps = Checkpointer(os.path.join(tmp_path, "root", "checkpoints")).steps()
     # Two checkpoints, evenly spaced over the 50 iterations, the last at the end.
     assert steps == [25, 50]
+
+
+@pytest.mark.timeout(60)
+def test_no_initial_collect_still_fills_one_sequence_before_the_first_update(tmp_path):
+    # mini_batch_length=2 with unroll_length=1: without a warm-up of 1 step the first sample would need 2 stored steps
+    # per env while only 1 exists.
+    trainer = build_trainer(tmp_path, ["TrainerConfig.initial_collect_steps = 0", "TrainerConfig.num_env_steps = 12",
+                                       "TrainerConfig.num_checkpoints = 0"])
+    assert trainer.run() == 0
+    # warm-up: 2 steps (one whole sequence of 2), then one step and one update per iteration
+    assert trainer.env_steps == 12 and trainer.num_updates == trainer.iteration == 10
+
+
+@pytest.mark.timeout(60)
+def test_resume_restores_counters_and_optimizer_state(tmp_path):
+    # The final checkpoint of a run resumes at its iteration with Adam's moments intact.
+    params = ["TrainerConfig.num_env_steps = 40", "TrainerConfig.num_checkpoints = 1",
+              "TrainerConfig.initial_collect_steps = 10"]
+    trainer = build_trainer(tmp_path, params)
+    assert trainer.run() == 0
+    saved_state = trainer.optimizer.state_dict()["state"]
+    assert saved_state, "Adam has state after training"
+    saved_adam = {k: v.clone() for k, v in next(iter(saved_state.values())).items()}
+    gin.clear_config()
+    resumed = build_trainer(tmp_path, params)
+    resumed.unroller = None
+    from alfish.trainer.unroller import Unroller
+
+    resumed.unroller = Unroller(resumed.env, resumed.algorithm, resumed.stats)
+    resumed._restore(resumed._resume_from)
+    assert resumed.iteration == trainer.iteration and resumed.env_steps == 40
+    restored = next(iter(resumed.optimizer.state_dict()["state"].values()))
+    for k, v in saved_adam.items():
+        assert torch.equal(restored[k], v), k
+    resumed.env.close()
