@@ -1,0 +1,151 @@
+"""Prioritized replay over 1M transitions: alfish's segment-tree sampler against a straightforward numpy version.
+
+    python tools/bench/bench_prioritized.py [--layouts 1x1000000 8x125000] [--batch 256] [--length 2] [--calls 400]
+
+For each layout (envs x steps per env, a full ring), times in the same run:
+  * sample: ``PrioritizedSampler.sample`` of ``batch`` sequences of ``length`` steps (stratified draw, leaf -> absolute
+    position, importance weights) vs numpy: ``np.cumsum`` over the priority array + ``np.searchsorted`` for the same
+    stratified targets, the same position mapping and weights.
+  * update: ``PrioritizedSampler.update_priorities`` of ``batch`` sampled starts vs numpy direct assignment
+    ``p[leaves] = (priority + eps) ** alpha``.
+  * on_add: the sampler's bookkeeping for one ``RingBuffer.add`` of every env (no numpy peer: an array needs none).
+Calls alternate between the two in blocks; the median time per call is printed with the ratio numpy / alfish.
+torch runs on 1 thread (``--threads``), numpy's cumsum/searchsorted are single-threaded.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from alfish.data.types import Experience
+from alfish.replay.prioritized import PrioritizedSampler
+from alfish.replay.ring_buffer import RingBuffer
+from alfish.replay.segment_tree import SumTree
+
+ALPHA, EPS, BETA = 0.7, 1e-6, 0.4
+
+
+def full_ring(num_envs: int, capacity: int) -> RingBuffer:
+    """A ring holding ``capacity`` steps per env (small Pendulum-like steps), filled through its state dict."""
+    n = (num_envs, capacity)
+    example = Experience(step_type=torch.ones(1, dtype=torch.int8), reward=torch.zeros(1), discount=torch.ones(1),
+                         observation=torch.zeros(1, 3), action=torch.zeros(1, 1),
+                         env_id=torch.zeros(1, dtype=torch.long))
+    leaves = [torch.ones(n, dtype=torch.int8), torch.randn(n), torch.ones(n), torch.randn(n + (3,)),
+              torch.randn(n + (1,)), torch.arange(num_envs).unsqueeze(1).expand(n).contiguous()]
+    ring = RingBuffer(num_envs, capacity)
+    count = torch.full((num_envs,), capacity, dtype=torch.int64)
+    ring.load_state_dict({"write_count": count, "oldest": torch.zeros(num_envs, dtype=torch.int64), "leaves": leaves},
+                         example)
+    return ring
+
+
+def sampler_state(num_envs: int, capacity: int, length: int, stored: np.ndarray) -> dict:
+    """The state of a sampler whose ring is full, with ``stored`` priorities (0 on the newest ``length - 1`` steps)."""
+    tree = SumTree(num_envs * capacity)
+    tree.update(torch.arange(num_envs * capacity), torch.from_numpy(stored))
+    return {"sum_tree": tree.state_dict()["values"], "assigned": torch.from_numpy(stored).float(),
+            "max_priority": torch.tensor(float(stored.max()), dtype=torch.float32),
+            "write_count": torch.full((num_envs,), capacity, dtype=torch.int64),
+            "floor": torch.zeros(num_envs, dtype=torch.int64)}
+
+
+class NumpyPrioritized:
+    """The straightforward version: one priority array, cumsum + searchsorted per draw, direct assignment per update."""
+
+    def __init__(self, num_envs: int, capacity: int, length: int, stored: np.ndarray, rng: np.random.Generator):
+        self.num_envs, self.capacity, self.length = num_envs, capacity, length
+        self.p = stored.astype(np.float32)
+        self.write_count = np.full(num_envs, capacity, dtype=np.int64)
+        self.rng = rng
+
+    def sample(self, batch_size: int):
+        cum = np.cumsum(self.p, dtype=np.float64)
+        total = cum[-1]
+        targets = (np.arange(batch_size) + self.rng.random(batch_size)) * (total / batch_size)
+        leaves = np.minimum(np.searchsorted(cum, targets, side="right"), self.p.size - 1)
+        env_ids = leaves // self.capacity
+        last = self.write_count[env_ids] - 1
+        positions = last - (last - leaves) % self.capacity
+        n = np.sum(np.maximum(self.write_count - self.length + 1 - np.maximum(self.write_count - self.capacity, 0), 0))
+        weights = ((n * self.p[leaves] / total) ** -BETA).astype(np.float32)
+        return env_ids, positions, weights
+
+    def update(self, env_ids: np.ndarray, positions: np.ndarray, priorities: np.ndarray) -> None:
+        self.p[env_ids * self.capacity + positions % self.capacity] = (priorities + EPS) ** ALPHA
+
+
+def median_ms(fn, calls: int, warmup: int = 10) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def bench_layout(num_envs: int, capacity: int, batch: int, length: int, calls: int, blocks: int) -> dict:
+    rng = np.random.default_rng(0)
+    stored = (rng.uniform(0.01, 10.0, (num_envs, capacity)) + EPS) ** ALPHA
+    stored[:, capacity - length + 1:] = 0.0  # the newest length - 1 steps start no full sequence
+    stored = stored.reshape(-1)
+    ring = full_ring(num_envs, capacity)
+    sampler = PrioritizedSampler(num_envs, capacity, sequence_length=length, alpha=ALPHA, eps=EPS)
+    sampler.load_state_dict(sampler_state(num_envs, capacity, length, stored))
+    peer = NumpyPrioritized(num_envs, capacity, length, stored, rng)
+    gen = torch.Generator().manual_seed(0)
+
+    env_ids, positions, _ = sampler.sample(batch, length, ring, BETA, gen)
+    priorities = torch.rand(batch) * 5
+    np_env, np_pos, _ = peer.sample(batch)
+    np_prio = priorities.numpy()
+    all_envs = torch.arange(num_envs)
+
+    def add_step() -> None:  # the sampler's part of one add to every env (the ring itself is not touched here)
+        sampler.on_add(all_envs)
+
+    t = {"sample": [], "sample_numpy": [], "update": [], "update_numpy": [], "on_add": []}
+    for _ in range(blocks):
+        t["sample"] += median_ms(lambda: sampler.sample(batch, length, ring, BETA, gen), calls // blocks)
+        t["sample_numpy"] += median_ms(lambda: peer.sample(batch), max(calls // blocks // 4, 5))
+        t["update"] += median_ms(lambda: sampler.update_priorities(env_ids, positions, priorities), calls // blocks)
+        t["update_numpy"] += median_ms(lambda: peer.update(np_env, np_pos, np_prio), calls // blocks)
+    # on_add advances the sampler's write counts past the ring's, so it goes last.
+    t["on_add"] = median_ms(add_step, calls)
+    return {k: statistics.median(v) for k, v in t.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--layouts", nargs="+", default=["1x1000000", "8x125000"], help="ENVSxSTEPS per env")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--length", type=int, default=2)
+    parser.add_argument("--calls", type=int, default=1000, help="timed calls per operation (alfish)")
+    parser.add_argument("--blocks", type=int, default=5, help="alternations between alfish and numpy")
+    parser.add_argument("--threads", type=int, default=1)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    results = {}
+    for layout in args.layouts:
+        num_envs, capacity = (int(x) for x in layout.split("x"))
+        r = bench_layout(num_envs, capacity, args.batch, args.length, args.calls, args.blocks)
+        results[layout] = r
+        print(f"{num_envs} env x {capacity} steps, batch {args.batch} x length {args.length}, "
+              f"torch threads {args.threads}:")
+        print(f"  sample  alfish {r['sample']:.3f} ms   numpy {r['sample_numpy']:.3f} ms   "
+              f"numpy/alfish {r['sample_numpy'] / r['sample']:.1f}x")
+        print(f"  update  alfish {r['update']:.3f} ms   numpy {r['update_numpy']:.3f} ms   "
+              f"numpy/alfish {r['update_numpy'] / r['update']:.2f}x")
+        print(f"  on_add  alfish {r['on_add']:.3f} ms (bookkeeping of one add to all {num_envs} envs)")
+    print("RESULT " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
