@@ -11,6 +11,7 @@ from alfish.algorithms.actor_critic import ActorCriticNetworks
 from alfish.algorithms.base import OnPolicyAlgorithm
 from alfish.data.types import Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
+from alfish.schedulers import as_scheduler
 
 
 class A2cRolloutInfo(NamedTuple):
@@ -25,7 +26,8 @@ class A2cAlgorithm(OnPolicyAlgorithm):
     the last row only bootstraps.
 
     Args: hidden_sizes/activation (policy and value MLPs), lr (Adam), gamma, gae_lambda (1.0 gives n-step returns),
-    value_loss_coef, entropy_coef, normalize_advantages (standardize over the unroll).
+    value_loss_coef, entropy_coef, normalize_advantages (standardize over the unroll). lr and entropy_coef may be
+    schedules (alfish.schedulers).
     """
 
 
@@ -37,7 +39,7 @@ class A2cAlgorithm(OnPolicyAlgorithm):
         self.net = ActorCriticNetworks(self.obs_dim, self.num_actions if self.discrete else self.action_dim,
                                        self.discrete, hidden_sizes, activation)
         self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
-        self.value_loss_coef, self.entropy_coef = value_loss_coef, entropy_coef
+        self.value_loss_coef, self.entropy_coef = value_loss_coef, as_scheduler(entropy_coef)
         self.normalize_advantages = normalize_advantages
 
     def param_groups(self) -> list[dict]:
@@ -64,7 +66,7 @@ class A2cAlgorithm(OnPolicyAlgorithm):
         terms = self.loss_terms(exp)
         valid = (exp.step_type[:-1] != StepType.LAST).to(terms["value_loss"].dtype)
         loss = (terms["policy_loss"] + self.value_loss_coef * terms["value_loss"]
-                - self.entropy_coef * terms["entropy"]) * valid
+                - self.entropy_coef() * terms["entropy"]) * valid
 
         def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
             count = valid.sum().clamp(min=1.0)

@@ -16,6 +16,7 @@ from alfish.algorithms.actor_critic import ActorCriticNetworks
 from alfish.algorithms.base import OffPolicyAlgorithm
 from alfish.data.types import AlgStep, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
+from alfish.schedulers import Scheduler, as_scheduler
 
 
 class PpoRolloutInfo(NamedTuple):
@@ -46,18 +47,20 @@ class PpoAlgorithm(OffPolicyAlgorithm):
         hidden_sizes / activation: policy and value MLPs.
         lr: Adam learning rate. gamma, gae_lambda: GAE. clip_range: ratio clip epsilon.
         value_loss_coef, entropy_coef: weights of the value and entropy terms.
+        lr, clip_range and entropy_coef may be schedules (alfish.schedulers), e.g. RL Zoo's linear decay.
         normalize_advantages: standardize advantages within each mini-batch (as SB3).
     """
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
-                 hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh", lr: float = 3e-4,
-                 gamma: float = 0.99, gae_lambda: float = 0.95, clip_range: float = 0.2,
-                 value_loss_coef: float = 0.5, entropy_coef: float = 0.0, normalize_advantages: bool = True):
+                 hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh", lr: float | Scheduler = 3e-4,
+                 gamma: float = 0.99, gae_lambda: float = 0.95, clip_range: float | Scheduler = 0.2,
+                 value_loss_coef: float = 0.5, entropy_coef: float | Scheduler = 0.0,
+                 normalize_advantages: bool = True):
         super().__init__(observation_space, action_space)
         self.net = ActorCriticNetworks(self.obs_dim, self.num_actions if self.discrete else self.action_dim,
                                        self.discrete, hidden_sizes, activation)
-        self.lr, self.gamma, self.gae_lambda, self.clip_range = lr, gamma, gae_lambda, clip_range
-        self.value_loss_coef, self.entropy_coef = value_loss_coef, entropy_coef
+        self.lr, self.gamma, self.gae_lambda, self.clip_range = lr, gamma, gae_lambda, as_scheduler(clip_range)
+        self.value_loss_coef, self.entropy_coef = value_loss_coef, as_scheduler(entropy_coef)
         self.normalize_advantages = normalize_advantages
 
     def param_groups(self) -> list[dict]:
@@ -93,7 +96,8 @@ class PpoAlgorithm(OffPolicyAlgorithm):
         if self.normalize_advantages:
             adv = masked_standardize(adv, valid)
         ratio = torch.exp(train_info.log_prob - old.log_prob.flatten())
-        policy = -torch.min(ratio * adv, ratio.clamp(1 - self.clip_range, 1 + self.clip_range) * adv)
+        clip = self.clip_range()
+        policy = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
         value = (old.value_target.flatten() - train_info.value) ** 2
         return dict(policy_loss=policy, value_loss=value, entropy=train_info.entropy, ratio=ratio, valid=valid)
 
@@ -102,7 +106,7 @@ class PpoAlgorithm(OffPolicyAlgorithm):
         terms = self.loss_terms(exp, train_info)
         valid = terms["valid"]
         loss = (terms["policy_loss"] + self.value_loss_coef * terms["value_loss"]
-                - self.entropy_coef * terms["entropy"]) * valid
+                - self.entropy_coef() * terms["entropy"]) * valid
 
         def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
             with torch.no_grad():
@@ -110,7 +114,7 @@ class PpoAlgorithm(OffPolicyAlgorithm):
                 ratio = terms["ratio"]
                 out = {k: (terms[k] * valid).sum() / count for k in ("policy_loss", "value_loss", "entropy")}
                 out["approx_kl"] = (((ratio - 1) - torch.log(ratio)) * valid).sum() / count
-                out["clip_fraction"] = (((ratio - 1).abs() > self.clip_range).float() * valid).sum() / count
+                out["clip_fraction"] = (((ratio - 1).abs() > self.clip_range()).float() * valid).sum() / count
                 return out
 
         return LossInfo(loss=loss.view(exp.step_type.shape), extra=extra)

@@ -18,6 +18,7 @@ from alfish.algorithms.base import OffPolicyAlgorithm
 from alfish.data.types import AlgStep, Experience, LossInfo, StepType
 from alfish.networks.distributions import tanh_gaussian_sample
 from alfish.networks.mlp import MLP, EnsembleMLP
+from alfish.schedulers import Scheduler, as_scheduler
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementation
 
@@ -35,20 +36,21 @@ class SacAlgorithm(OffPolicyAlgorithm):
 
     Args:
         hidden_sizes: hidden layers of the actor and of each critic.
-        actor_lr, critic_lr, alpha_lr: Adam learning rates of the three parameter groups.
+        actor_lr, critic_lr, alpha_lr: Adam learning rates of the three parameter groups (numbers or schedules).
         gamma: discount per env step.
-        target_update_tau: Polyak factor for target critics (1 = hard copy).
+        target_update_tau: Polyak factor for target critics (1 = hard copy); a number or a schedule.
         target_update_period: optimizer steps between target updates.
         initial_log_alpha: starting log of the entropy temperature.
-        target_entropy: entropy the temperature aims for; ``None`` means ``-action_dim``.
+        target_entropy: entropy the temperature aims for (number or schedule); ``None`` means ``-action_dim``.
         num_critics: ensemble size; the TD target takes the minimum over members.
     """
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
-                 hidden_sizes: Sequence[int] = (256, 256), actor_lr: float = 3e-4, critic_lr: float = 3e-4,
-                 alpha_lr: float = 3e-4, gamma: float = 0.99, target_update_tau: float = 0.005,
-                 target_update_period: int = 1, initial_log_alpha: float = 0.0,
-                 target_entropy: Optional[float] = None, num_critics: int = 2):
+                 hidden_sizes: Sequence[int] = (256, 256), actor_lr: float | Scheduler = 3e-4,
+                 critic_lr: float | Scheduler = 3e-4, alpha_lr: float | Scheduler = 3e-4, gamma: float = 0.99,
+                 target_update_tau: float | Scheduler = 0.005, target_update_period: int = 1,
+                 initial_log_alpha: float = 0.0, target_entropy: Optional[float | Scheduler] = None,
+                 num_critics: int = 2):
         super().__init__(observation_space, action_space)
         if self.discrete:
             raise ValueError(f"SacAlgorithm needs a Box action space, got {action_space}; use PpoAlgorithm or "
@@ -58,9 +60,9 @@ class SacAlgorithm(OffPolicyAlgorithm):
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
         self.gamma = gamma
-        self.tau = target_update_tau
+        self.tau = as_scheduler(target_update_tau)
         self.target_update_period = target_update_period
-        self.target_entropy = -float(self.action_dim) if target_entropy is None else float(target_entropy)
+        self.target_entropy = as_scheduler(-float(self.action_dim) if target_entropy is None else target_entropy)
         self._lrs = dict(actor=actor_lr, critic=critic_lr, alpha=alpha_lr)
         self.register_buffer("num_updates", torch.zeros((), dtype=torch.int64))
 
@@ -100,7 +102,7 @@ class SacAlgorithm(OffPolicyAlgorithm):
         q_new = self.critics(torch.cat([obs_t, new_action], -1), detach_params=True).min(0).values.squeeze(-1)
         actor_loss = alpha * log_prob - q_new
 
-        alpha_loss = -self.log_alpha * (log_prob.detach() + self.target_entropy)
+        alpha_loss = -self.log_alpha * (log_prob.detach() + self.target_entropy())
         return AlgStep(info=SacTrainInfo(critic_loss, actor_loss, alpha_loss, log_prob.detach()))
 
     def calc_loss(self, exp: Experience, train_info: SacTrainInfo) -> LossInfo:
@@ -125,4 +127,4 @@ class SacAlgorithm(OffPolicyAlgorithm):
         if self.target_update_period == 1 or int(self.num_updates) % self.target_update_period == 0:
             with torch.no_grad():
                 torch._foreach_lerp_(list(self.target_critics.parameters()), list(self.critics.parameters()),
-                                     self.tau)
+                                     self.tau())

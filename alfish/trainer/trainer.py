@@ -25,6 +25,8 @@ from alfish.data.types import Experience, LossInfo
 from alfish.envs.batched_env import BatchedEnv, create_environment
 from alfish.replay.batching import WholeBufferBatches, to_time_major
 from alfish.replay.ring_buffer import RingBuffer
+from alfish.schedulers import (reset_progress, scheduler_summaries, split_lr_schedules, update_optimizer_lrs,
+                               update_progress)
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.evaluator import Evaluator
 from alfish.trainer.metrics import EpisodeStats
@@ -89,7 +91,9 @@ class Trainer:
         self.env = create_environment(seed=self.seed)
         self.algorithm = build_algorithm(config, self.env)
         self.optimizer_config = OptimizerConfig()
-        self.optimizer = self.optimizer_config.build(self.algorithm.param_groups())
+        # Learning rates may be schedules (alfish.schedulers); torch needs numbers, updated once per iteration.
+        groups, self.lr_schedules = split_lr_schedules(self.algorithm.param_groups())
+        self.optimizer = self.optimizer_config.build(groups)
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.stats = EpisodeStats(self.env.num_envs)
         self.replay: Optional[RingBuffer] = None
@@ -127,10 +131,13 @@ class Trainer:
             self._restore(self._resume_from)
             self._resume_from = None
         progress = Progress(self.expected_iterations, self.iteration, self.progress_log_interval_s)
+        reset_progress()
         with SignalRequests() as signals:
             try:
+                self._update_schedules()
                 self._warm_up()
                 while not self._finished():
+                    self._update_schedules()
                     self._train_iteration()
                     self.iteration += 1
                     self._after_iteration()
@@ -158,6 +165,13 @@ class Trainer:
                     self.evaluator.env.close()
         logging.info("training finished: %d iterations, %d env steps", self.iteration, self.env_steps)
         return 0
+
+    def _update_schedules(self) -> None:
+        """Advance the progress that schedules read, and set the optimizer's scheduled learning rates."""
+        update_progress(iterations=self.iteration, env_steps=self.env_steps,
+                        fraction=min(1.0, self.iteration / max(1, self.expected_iterations)))
+        if self.lr_schedules:
+            update_optimizer_lrs(self.optimizer, self.lr_schedules)
 
     def _finished(self) -> bool:
         cfg = self.config
@@ -292,9 +306,9 @@ class Trainer:
                 s.scalar(f"vars/{name}.norm", p.detach().norm(), it)
                 if p.grad is not None:
                     s.scalar(f"grads/{name}.norm", p.grad.norm(), it)
-        if self.config.debug_summaries:
-            for group in self.optimizer.param_groups:
-                s.scalar(f"debug/lr.{group['name']}", group["lr"], it)
+        s.scalars("schedule", scheduler_summaries(), it)
+        for group in self.optimizer.param_groups:
+            s.scalar(f"optimizer/lr.{group['name']}", group["lr"], it)
 
     def _evaluate(self) -> None:
         start = time.monotonic()
