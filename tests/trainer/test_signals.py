@@ -32,6 +32,9 @@ confirm_checkpoint_on_crash = signals_module.confirm_checkpoint_on_crash
 # A training loop stand-in: polls the flags once per "iteration" and reports what it sees on stdout.
 LOOP = """
 import signal, sys, time
+# Behave like an interactive program even when the test runner was started in the background, where a
+# non-interactive shell leaves SIGINT ignored (and SignalRequests deliberately keeps an ignored signal ignored).
+signal.signal(signal.SIGINT, signal.default_int_handler)
 prev = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2)}
 try:
     with SignalRequests() as sig:
