@@ -24,6 +24,7 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementa
 
 
 class SacTrainInfo(NamedTuple):
+    td_error: torch.Tensor     # [N], |Q - target| averaged over the critics (replay priority)
     critic_loss: torch.Tensor  # [N]
     actor_loss: torch.Tensor   # [N]
     alpha_loss: torch.Tensor   # [N]
@@ -96,14 +97,16 @@ class SacAlgorithm(OffPolicyAlgorithm):
             td_target = reward + self.gamma * discount * (next_q - alpha * next_log_prob)
 
         q = self.critics(torch.cat([obs_t, act_t], -1)).squeeze(-1)            # [E, N]
-        critic_loss = 0.5 * ((q - td_target) ** 2).sum(0)
+        td = q - td_target
+        critic_loss = 0.5 * (td ** 2).sum(0)
 
         new_action, log_prob = self._policy(obs_t, greedy=False)
         q_new = self.critics(torch.cat([obs_t, new_action], -1), detach_params=True).min(0).values.squeeze(-1)
         actor_loss = alpha * log_prob - q_new
 
         alpha_loss = -self.log_alpha * (log_prob.detach() + self.target_entropy())
-        return AlgStep(info=SacTrainInfo(critic_loss, actor_loss, alpha_loss, log_prob.detach()))
+        return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, actor_loss, alpha_loss,
+                                         log_prob.detach()))
 
     def calc_loss(self, exp: Experience, train_info: SacTrainInfo) -> LossInfo:
         """Per-transition loss ``[L-1, B]``; transitions out of a LAST step (env autoreset) are masked out."""
@@ -119,7 +122,9 @@ class SacAlgorithm(OffPolicyAlgorithm):
             return dict(critic_loss=means[0], actor_loss=means[1], alpha_loss=means[2], entropy=means[3],
                         alpha=self.log_alpha.detach().exp())
 
-        return LossInfo(loss=loss.view(shape), extra=extra)
+        # Replay priority of each sampled sequence [B]: its transitions' mean |TD error|.
+        priority = (train_info.td_error * valid).view(shape).mean(0)
+        return LossInfo(loss=loss.view(shape), extra=extra, priority=priority)
 
     def after_update(self) -> None:
         self.num_updates += 1

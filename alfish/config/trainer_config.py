@@ -34,11 +34,6 @@ NOT_BUILT_YET: dict[str, str] = {
     "summarize_action_distributions": "action distribution summaries are not built yet",
     "summarize_output": "network output summaries are not built yet",
     "update_counter_every_mini_batch": "the global counter advances once per iteration only",
-    "priority_replay": "prioritized replay is not built yet",
-    "priority_replay_alpha": "only used by prioritized replay, which is not built yet",
-    "priority_replay_beta": "only used by prioritized replay, which is not built yet",
-    "priority_replay_eps": "only used by prioritized replay, which is not built yet",
-    "normalize_importance_weights_by_max": "only used by prioritized replay, which is not built yet",
     "offline_buffer_dir": "offline / hybrid training is not built yet",
     "offline_buffer_length": "offline / hybrid training is not built yet",
     "rl_train_after_update_steps": "offline / hybrid training is not built yet",
@@ -133,17 +128,17 @@ class TrainerConfig:
         mini_batch_size: sequences per mini-batch (None: the algorithm's default / the whole buffer).
         whole_replay_buffer_training: train on the whole buffer each iteration (PPO style) instead of samples.
         replay_buffer_length: steps kept per env in the replay buffer's ring.
-        priority_replay: prioritized experience replay (not built yet).
-        priority_replay_alpha: prioritized replay: priority exponent (not built yet).
-        priority_replay_beta: prioritized replay: importance-weight exponent (not built yet).
-        priority_replay_eps: prioritized replay: added to every priority (not built yet).
+        priority_replay: prioritized experience replay over sequence starts (off-policy, sampled training only).
+        priority_replay_alpha: priority exponent: stored priority = (priority + eps) ** alpha; float or schedule.
+        priority_replay_beta: importance-weight exponent: w = (N * P(i)) ** -beta; float or schedule.
+        priority_replay_eps: added to every priority before the exponent, so none is 0.
         offline_buffer_dir: directory of an offline replay buffer for offline/hybrid training (not built yet).
         offline_buffer_length: steps loaded from the offline buffer (not built yet).
         rl_train_after_update_steps: hybrid training: updates before RL training starts (not built yet).
         rl_train_every_update_steps: hybrid training: RL training every so many updates (not built yet).
         empty_cache: call torch.cuda.empty_cache() every iteration (not built yet).
-        normalize_importance_weights_by_max: prioritized replay: divide importance weights by their max
-            (not built yet).
+        normalize_importance_weights_by_max: prioritized replay: divide the importance weights by their max in the
+            batch (ALF's meaning); False keeps (N * P(i)) ** -beta.
         clear_replay_buffer: with whole_replay_buffer_training, clear the buffer after each iteration.
     """
 
@@ -198,8 +193,8 @@ class TrainerConfig:
     whole_replay_buffer_training: bool = True
     replay_buffer_length: int = 1024
     priority_replay: bool = False
-    priority_replay_alpha: float = 0.7
-    priority_replay_beta: float = 0.4
+    priority_replay_alpha: Any = 0.7  # a float or an alfish.schedulers schedule
+    priority_replay_beta: Any = 0.4  # a float or an alfish.schedulers schedule
     priority_replay_eps: float = 1e-6
     offline_buffer_dir: Optional[str] = None
     offline_buffer_length: Optional[int] = None
@@ -355,6 +350,11 @@ def _cross_field_problems(config: TrainerConfig) -> list[str]:
     c = config
     needed_length = math.ceil(c.unroll_length) + 1 if c.unroll_length > 0 else 0
     checks = [
+        (c.priority_replay and c.whole_replay_buffer_training,
+         "TrainerConfig.priority_replay=True samples mini-batches from the buffer, so it needs "
+         "TrainerConfig.whole_replay_buffer_training=False"),
+        (c.priority_replay and not (isinstance(c.priority_replay_eps, (int, float)) and c.priority_replay_eps >= 0),
+         f"TrainerConfig.priority_replay_eps={c.priority_replay_eps!r} must be a number >= 0"),
         (not c.whole_replay_buffer_training and (c.mini_batch_size is None or c.mini_batch_length is None),
          f"TrainerConfig.whole_replay_buffer_training=False needs TrainerConfig.mini_batch_size "
          f"(now {c.mini_batch_size}) and TrainerConfig.mini_batch_length (now {c.mini_batch_length}) to be set"),

@@ -1,4 +1,7 @@
 from alfish.replay.batching import WholeBufferBatches, to_time_major, whole_buffer_minibatches
+from alfish.replay.prioritized import PrioritizedSampler
 from alfish.replay.ring_buffer import RingBuffer
+from alfish.replay.segment_tree import MinTree, SumTree
 
-__all__ = ["RingBuffer", "WholeBufferBatches", "to_time_major", "whole_buffer_minibatches"]
+__all__ = ["MinTree", "PrioritizedSampler", "RingBuffer", "SumTree", "WholeBufferBatches", "to_time_major",
+           "whole_buffer_minibatches"]

@@ -21,12 +21,13 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.config.trainer_config import TrainerConfig
-from alfish.data.types import Experience, LossInfo
+from alfish.data.types import BatchInfo, Experience, LossInfo
 from alfish.envs.batched_env import BatchedEnv, create_environment
 from alfish.replay.batching import WholeBufferBatches, to_time_major
+from alfish.replay.prioritized import PrioritizedSampler
 from alfish.replay.ring_buffer import RingBuffer
-from alfish.schedulers import (reset_progress, scheduler_summaries, split_lr_schedules, update_optimizer_lrs,
-                               update_progress)
+from alfish.schedulers import (as_scheduler, reset_progress, scheduler_summaries, split_lr_schedules,
+                               update_optimizer_lrs, update_progress)
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.evaluator import Evaluator
 from alfish.trainer.metrics import EpisodeStats
@@ -97,8 +98,18 @@ class Trainer:
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.stats = EpisodeStats(self.env.num_envs)
         self.replay: Optional[RingBuffer] = None
+        self.prioritized: Optional[PrioritizedSampler] = None
         if not self.algorithm.on_policy:
             self.replay = RingBuffer(self.env.num_envs, config.replay_buffer_length)
+            if config.priority_replay:
+                self.prioritized = PrioritizedSampler(
+                    self.env.num_envs, config.replay_buffer_length, sequence_length=config.mini_batch_length,
+                    alpha=as_scheduler(config.priority_replay_alpha), eps=config.priority_replay_eps,
+                    normalize_by_max=config.normalize_importance_weights_by_max)
+                self._priority_beta = as_scheduler(config.priority_replay_beta)
+        elif config.priority_replay:
+            raise ValueError(f"TrainerConfig.priority_replay=True needs an off-policy algorithm; "
+                             f"{type(self.algorithm).__name__} trains on-policy without replay")
         num_envs = self.env.num_envs
         self.expected_iterations = config.expected_num_iterations(num_envs)
         self.checkpoint_iterations = set(config.checkpoint_iterations(num_envs))
@@ -199,7 +210,7 @@ class Trainer:
             steps_per_env = max(steps_per_env, refill)
         if steps_per_env > 0:
             start = time.monotonic()
-            self.unroller.unroll(steps_per_env, self.replay.add, with_grad=False)
+            self.unroller.unroll(steps_per_env, self._store, with_grad=False)
             self.env_steps += steps_per_env * self.env.num_envs
             logging.info("collected %d initial env steps in %.1fs", steps_per_env * self.env.num_envs,
                          time.monotonic() - start)
@@ -222,15 +233,14 @@ class Trainer:
             self._apply_loss(self.algorithm.calc_loss(trajectory, None))
         else:
             if steps > 0:
-                self.unroller.unroll(steps, self.replay.add, with_grad=cfg.unroll_with_grad)
+                self.unroller.unroll(steps, self._store, with_grad=cfg.unroll_with_grad)
                 self.env_steps += steps * self.env.num_envs
             self._timing["unroll_s"] = time.monotonic() - start
             if cfg.whole_replay_buffer_training:
                 self._train_on_whole_buffer()
             else:
                 for _ in range(cfg.num_updates_per_train_iter):
-                    exp, _ = self.replay.sample_uniform(cfg.mini_batch_size, cfg.mini_batch_length)
-                    self._update(to_time_major(exp))
+                    self._update(*self._sample())
         self._timing["train_s"] = time.monotonic() - start - self._timing["unroll_s"]
         self.algorithm.after_train_iter()
 
@@ -246,13 +256,35 @@ class Trainer:
         if cfg.clear_replay_buffer:
             self.replay.clear(keep_last=1)
 
-    def _update(self, exp: Experience) -> None:
+    def _store(self, exp: Experience) -> None:
+        """Store one step ``[B, ...]`` in the replay buffer (and give it the max priority when prioritized)."""
+        self.replay.add(exp)
+        if self.prioritized is not None:
+            self.prioritized.on_add(exp.env_id)
+
+    def _sample(self) -> tuple[Experience, BatchInfo]:
+        """A training batch: time-major ``[L, B]`` experience and where it came from."""
+        cfg = self.config
+        if self.prioritized is not None:
+            exp, info = self.prioritized.sample_batch(self.replay, cfg.mini_batch_size, self._priority_beta)
+        else:
+            exp, info = self.replay.sample_uniform(cfg.mini_batch_size, cfg.mini_batch_length)
+        return to_time_major(exp), info
+
+    def _update(self, exp: Experience, batch_info: Optional[BatchInfo] = None) -> None:
         """One gradient step on a time-major batch ``[L, B]``."""
         train_info = self.algorithm.train_step(exp).info
-        self._apply_loss(self.algorithm.calc_loss(exp, train_info))
+        loss_info = self.algorithm.calc_loss(exp, train_info)
+        self._apply_loss(loss_info, batch_info)
+        if self.prioritized is not None and isinstance(loss_info.priority, torch.Tensor):
+            self.prioritized.update_priorities(batch_info.env_ids, batch_info.positions, loss_info.priority)
 
-    def _apply_loss(self, loss_info: LossInfo) -> None:
-        loss = loss_info.loss.mean()
+    def _apply_loss(self, loss_info: LossInfo, batch_info: Optional[BatchInfo] = None) -> None:
+        """Backward and optimizer step on the per-sample loss ``[..., B]``, weighted by importance weights ``[B]``."""
+        per_sample = loss_info.loss
+        if batch_info is not None and batch_info.importance_weights is not None:
+            per_sample = per_sample * batch_info.importance_weights
+        loss = per_sample.mean()
         if not torch.isfinite(loss):
             terms = {k: float(v) for k, v in loss_terms(loss_info).items()}
             raise NonFiniteLossError(f"loss is {float(loss)} at iteration {self.iteration} (update "
@@ -332,6 +364,8 @@ class Trainer:
         tensors = dict(algorithm=self.algorithm.state_dict(), optimizer=self.optimizer.state_dict(), rng=rng_tensors)
         if self.save_replay_buffer and self.replay is not None:
             tensors["replay"] = self.replay.state_dict()
+            if self.prioritized is not None:
+                tensors["priorities"] = self.prioritized.state_dict()
         meta = dict(iteration=self.iteration, env_steps=self.env_steps, num_updates=self.num_updates,
                     unroll_credit=self._unroll_credit, seed=self.seed, elapsed_s=self._elapsed_s(),
                     num_episodes=self.stats.num_episodes, rng=rng_meta,
@@ -355,6 +389,8 @@ class Trainer:
                 alg_step = self.algorithm.rollout_step(self.unroller.time_step)
             example = Experience.from_time_step(self.unroller.time_step, alg_step.output, alg_step.info)
             self.replay.load_state_dict(ckpt.tensors["replay"], example)
+            if self.prioritized is not None:
+                self.prioritized.load_state_dict(ckpt.tensors["priorities"])
             self.replay.truncate_episodes()  # the envs restart below; stored episodes end where they were cut
         # Episodes in flight are not resumable; restart the envs with seeds that depend on the iteration.
         self.unroller.reset(seed=self.seed + 7919 * self.iteration)

@@ -99,3 +99,11 @@ def test_ppo_with_a_negligible_learning_rate_does_not_reach_the_threshold(tmp_pa
     returns = [r["average_return"] for r in eval_log(root)]
     assert len(returns) == 3
     assert max(returns) < 0.4, returns
+
+
+@pytest.mark.timeout(120)
+def test_sac_with_prioritized_replay_reaches_near_optimal_return_on_point_goal(tmp_path):
+    root = run_trainer_from_text(tmp_path, SAC_POINT_GOAL, ["TrainerConfig.priority_replay = True",
+                                                             "TrainerConfig.priority_replay_beta = 0.4"])
+    best = max(r["average_return"] for r in eval_log(root))
+    assert best >= -1.1, best  # optimum -0.9; a random policy gets about -6

@@ -8,9 +8,15 @@ For each layout (envs x steps per env, a full ring), times in the same run:
     stratified targets, the same position mapping and weights.
   * update: ``PrioritizedSampler.update_priorities`` of ``batch`` sampled starts vs numpy direct assignment
     ``p[leaves] = (priority + eps) ** alpha``.
-  * on_add: the sampler's bookkeeping for one ``RingBuffer.add`` of every env (no numpy peer: an array needs none).
+  * add + sample: one ``RingBuffer.add`` to every env with the sampler's ``on_add``, then a sample (the sampler
+    refreshes the leaves an add dirtied in one batch at the next sample): the cost per iteration of a loop that adds
+    one step per env and samples once (SAC's). The numpy peer's add is two direct assignments.
 Calls alternate between the two in blocks; the median time per call is printed with the ratio numpy / alfish.
 torch runs on 1 thread (``--threads``), numpy's cumsum/searchsorted are single-threaded.
+
+The machine's limit for alfish's side: at these sizes every torch call costs about the same fixed overhead, so a floor
+of an operation is (aten operators it dispatches) x (median time of a minimal torch call, ``neg`` of 256 floats); both
+are printed. The rest of the measured time is Python (argument parsing, views, the bookkeeping around the calls).
 """
 from __future__ import annotations
 
@@ -21,6 +27,7 @@ import time
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from alfish.data.types import Experience
 from alfish.replay.prioritized import PrioritizedSampler
@@ -60,7 +67,9 @@ class NumpyPrioritized:
 
     def __init__(self, num_envs: int, capacity: int, length: int, stored: np.ndarray, rng: np.random.Generator):
         self.num_envs, self.capacity, self.length = num_envs, capacity, length
-        self.p = stored.astype(np.float32)
+        self.p = stored.astype(np.float32)  # 0 where a start is not drawable
+        self.assigned = self.p.copy()
+        self.max_p = float(self.p.max())
         self.write_count = np.full(num_envs, capacity, dtype=np.int64)
         self.rng = rng
 
@@ -77,7 +86,43 @@ class NumpyPrioritized:
         return env_ids, positions, weights
 
     def update(self, env_ids: np.ndarray, positions: np.ndarray, priorities: np.ndarray) -> None:
-        self.p[env_ids * self.capacity + positions % self.capacity] = (priorities + EPS) ** ALPHA
+        leaves = env_ids * self.capacity + positions % self.capacity
+        stored = (priorities + EPS) ** ALPHA
+        self.p[leaves] = self.assigned[leaves] = stored
+        self.max_p = max(self.max_p, float(stored.max()))
+
+    def add(self) -> None:
+        """One step to every env: the new slot gets the max priority (drawable once L - 1 more steps arrive)."""
+        envs = np.arange(self.num_envs) * self.capacity
+        new = envs + self.write_count % self.capacity
+        ready = envs + (self.write_count - self.length + 1) % self.capacity
+        self.write_count += 1
+        self.assigned[new] = self.max_p
+        self.p[new] = 0.0
+        self.p[ready] = self.assigned[ready]
+
+
+class CountOps(TorchDispatchMode):
+    """Counts the aten operators dispatched inside the ``with`` block."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn) -> int:
+    with CountOps() as counter:
+        fn()
+    return counter.count
+
+
+def minimal_op_ms() -> float:
+    x = torch.rand(256)
+    return statistics.median(median_ms(lambda: torch.neg(x), 5000, warmup=500))
 
 
 def median_ms(fn, calls: int, warmup: int = 10) -> list[float]:
@@ -108,18 +153,35 @@ def bench_layout(num_envs: int, capacity: int, batch: int, length: int, calls: i
     np_prio = priorities.numpy()
     all_envs = torch.arange(num_envs)
 
-    def add_step() -> None:  # the sampler's part of one add to every env (the ring itself is not touched here)
-        sampler.on_add(all_envs)
+    step = Experience(step_type=torch.ones(num_envs, dtype=torch.int8), reward=torch.zeros(num_envs),
+                      discount=torch.ones(num_envs), observation=torch.zeros(num_envs, 3),
+                      action=torch.zeros(num_envs, 1), env_id=all_envs)
 
-    t = {"sample": [], "sample_numpy": [], "update": [], "update_numpy": [], "on_add": []}
+    def add_and_sample() -> None:
+        sampler.on_add(all_envs)
+        ring.add(step)
+        sampler.sample(batch, length, ring, BETA, gen)
+
+    def add_and_sample_numpy() -> None:
+        peer.add()
+        peer.sample(batch)
+
+    ops = {"sample": count_ops(lambda: sampler.sample(batch, length, ring, BETA, gen)),
+           "update": count_ops(lambda: sampler.update_priorities(env_ids, positions, priorities))}
+    t = {"sample": [], "sample_numpy": [], "update": [], "update_numpy": [], "add_sample": [], "add_sample_numpy": []}
     for _ in range(blocks):
         t["sample"] += median_ms(lambda: sampler.sample(batch, length, ring, BETA, gen), calls // blocks)
         t["sample_numpy"] += median_ms(lambda: peer.sample(batch), max(calls // blocks // 4, 5))
         t["update"] += median_ms(lambda: sampler.update_priorities(env_ids, positions, priorities), calls // blocks)
         t["update_numpy"] += median_ms(lambda: peer.update(np_env, np_pos, np_prio), calls // blocks)
-    # on_add advances the sampler's write counts past the ring's, so it goes last.
-    t["on_add"] = median_ms(add_step, calls)
-    return {k: statistics.median(v) for k, v in t.items()}
+    # Adds move the newest steps (and so the sampled positions above), so they come last.
+    for _ in range(blocks):
+        t["add_sample"] += median_ms(add_and_sample, calls // blocks)
+        t["add_sample_numpy"] += median_ms(add_and_sample_numpy, max(calls // blocks // 4, 5))
+    ops["add_sample"] = count_ops(add_and_sample)
+    result = {k: statistics.median(v) for k, v in t.items()}
+    result["ops"] = ops
+    return result
 
 
 def main() -> None:
@@ -132,18 +194,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    results = {}
+    op_ms = minimal_op_ms()
+    results = {"minimal_torch_op_ms": op_ms}
+    print(f"minimal torch call (neg of 256 floats): {op_ms * 1e3:.2f} us")
     for layout in args.layouts:
         num_envs, capacity = (int(x) for x in layout.split("x"))
         r = bench_layout(num_envs, capacity, args.batch, args.length, args.calls, args.blocks)
         results[layout] = r
         print(f"{num_envs} env x {capacity} steps, batch {args.batch} x length {args.length}, "
               f"torch threads {args.threads}:")
-        print(f"  sample  alfish {r['sample']:.3f} ms   numpy {r['sample_numpy']:.3f} ms   "
-              f"numpy/alfish {r['sample_numpy'] / r['sample']:.1f}x")
-        print(f"  update  alfish {r['update']:.3f} ms   numpy {r['update_numpy']:.3f} ms   "
-              f"numpy/alfish {r['update_numpy'] / r['update']:.2f}x")
-        print(f"  on_add  alfish {r['on_add']:.3f} ms (bookkeeping of one add to all {num_envs} envs)")
+        for name, label in (("sample", "sample    "), ("update", "update    "), ("add_sample", "add+sample")):
+            ops = r["ops"][name]
+            print(f"  {label}  alfish {r[name]:.3f} ms   numpy {r[name + '_numpy']:.3f} ms   "
+                  f"numpy/alfish {r[name + '_numpy'] / r[name]:.2f}x   "
+                  f"(alfish: {ops} aten calls x minimal call = {ops * op_ms:.3f} ms)")
     print("RESULT " + json.dumps(results))
 
 
