@@ -46,6 +46,8 @@ import gin
 from gin import config as gin_config
 import torch
 
+from alfish.errors import OneLineValueError
+
 __all__ = [
     'PROGRESS_TYPES', 'ScheduleError', 'TrainingProgress', 'update_progress', 'get_progress', 'reset_progress',
     'progress_record', 'Scheduler', 'ConstantScheduler', 'StepScheduler', 'LinearScheduler', 'ExponentialScheduler',
@@ -59,23 +61,8 @@ CYCLE_MODES: tuple[str, ...] = ('triangular', 'cosine', 'sawtooth')
 Number = Union[int, float]
 
 
-class ScheduleError(ValueError):
-    """A bad schedule or progress argument; its str() is always the one-line message.
-
-    gin re-raises an exception escaping a configurable as a subclass of its type whose str() appends "In call to
-    configurable ..."; `__init_subclass__` restores the one-line str() on such subclasses (as TrainerConfigError does).
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.__str__ = ScheduleError.__str__
-
-    def __str__(self) -> str:
-        return self.message
+class ScheduleError(OneLineValueError):
+    """A bad schedule or progress argument; its str() is always the one-line message (through gin too)."""
 
 
 # ---------------------------------------------------------------------------------------------------------------------

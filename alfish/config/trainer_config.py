@@ -15,6 +15,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import gin
 
+from alfish.errors import OneLineValueError
+
 # Parameters whose feature is not built yet -> what is missing. Setting one to a non-default value raises.
 NOT_BUILT_YET: dict[str, str] = {
     "data_transformer_ctor": "data transformers (normalizers, frame stacking, HER) are not built yet",
@@ -42,24 +44,8 @@ NOT_BUILT_YET: dict[str, str] = {
 }
 
 
-class TrainerConfigError(ValueError):
-    """A bad TrainerConfig value; its str() is always the one-line message.
-
-    gin re-raises every exception escaping a configurable as a subclass of the exception's type whose str() appends
-    a second line ("In call to configurable ..."). `__init_subclass__` restores the one-line str() on that subclass;
-    the message itself is read through gin's proxy, which forwards missing attributes to the original exception.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        cls.__str__ = TrainerConfigError.__str__
-
-    def __str__(self) -> str:
-        return self.message
+class TrainerConfigError(OneLineValueError):
+    """A bad TrainerConfig value; its str() is always the one-line message (through gin too)."""
 
 
 @gin.configurable
