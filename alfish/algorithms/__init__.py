@@ -1,6 +1,8 @@
 from alfish.algorithms.a2c import A2cAlgorithm
 from alfish.algorithms.base import Algorithm, OffPolicyAlgorithm, OnPolicyAlgorithm, RLAlgorithm
+from alfish.algorithms.dqn import DqnAlgorithm
 from alfish.algorithms.ppo import PpoAlgorithm
 from alfish.algorithms.sac import SacAlgorithm
 
-__all__ = ["A2cAlgorithm", "Algorithm", "OffPolicyAlgorithm", "OnPolicyAlgorithm", "PpoAlgorithm", "RLAlgorithm", "SacAlgorithm"]
+__all__ = ["A2cAlgorithm", "Algorithm", "DqnAlgorithm", "OffPolicyAlgorithm", "OnPolicyAlgorithm", "PpoAlgorithm",
+           "RLAlgorithm", "SacAlgorithm"]

@@ -22,6 +22,7 @@ from alfish.data.types import StepType
 from alfish.envs.batched_env import create_environment
 from alfish.trainer.checkpoint import CheckpointError, Checkpointer, LoadedCheckpoint
 from alfish.trainer.trainer import build_algorithm
+from alfish.transforms.base import build_transformers
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
 
@@ -86,6 +87,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     algorithm = build_algorithm(config, env)
     algorithm.load_state_dict(ckpt.tensors["algorithm"])
     algorithm.eval()
+    transformer = build_transformers(config.data_transformer_ctor, env.observation_space)
+    transformer.load_state_dict(ckpt.tensors["transformers"])  # e.g. the observation normalizer's statistics
+    transformer.eval()
     fps = args.fps or int(env._venv.metadata.get("render_fps") or 30)
     frames: list = []
     returns = []
@@ -95,7 +99,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.record_file:
             frames.append(env.render()[0])
         while len(returns) < args.num_episodes:
-            action = algorithm.predict_step(time_step, epsilon_greedy=args.epsilon_greedy).output
+            seen = transformer.transform_timestep(time_step, update_stats=False)
+            action = algorithm.predict_step(seen, epsilon_greedy=args.epsilon_greedy).output
             time_step = env.step(action)
             if int(time_step.step_type[0]) == StepType.FIRST:
                 continue  # the autoreset step after LAST: not part of any episode

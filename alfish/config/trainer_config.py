@@ -19,7 +19,6 @@ from alfish.errors import OneLineValueError
 
 # Parameters whose feature is not built yet -> what is missing. Setting one to a non-default value raises.
 NOT_BUILT_YET: dict[str, str] = {
-    "data_transformer_ctor": "data transformers (normalizers, frame stacking, HER) are not built yet",
     "async_unroll": "asynchronous unroll in a child process is not built yet",
     "max_unroll_length": "only used by asynchronous unroll, which is not built yet",
     "unroll_queue_size": "only used by asynchronous unroll, which is not built yet",
@@ -62,7 +61,8 @@ class TrainerConfig:
         conf_file: path of the conf file this config came from (recorded for reference only).
         ml_type: kind of learning; only 'rl' (reinforcement learning) is supported.
         algorithm_ctor: the algorithm's constructor, e.g. ``@SacAlgorithm``; the trainer calls it with the env specs.
-        data_transformer_ctor: constructor(s) of data transformers applied to experience (not built yet).
+        data_transformer_ctor: constructor, or list of constructors, of data transformers (alfish.transforms), applied
+            to each TimeStep before the algorithm sees it and to each replay sample before training.
         random_seed: seed for torch/numpy/python and the envs; None picks one at random and logs it.
         num_iterations: stop after this many iterations (<= 0: no limit from iterations).
         num_env_steps: stop after this many env steps summed over all envs (<= 0: no limit from env steps); when

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Optional
 
 import torch
 
 from alfish.algorithms.base import Algorithm
-from alfish.data.types import StepType
+from alfish.data.types import StepType, TimeStep
 from alfish.envs.batched_env import BatchedEnv
 
 
@@ -26,8 +26,9 @@ class Evaluator:
     """
 
     def __init__(self, env: BatchedEnv, num_episodes: int, epsilon_greedy: float, seed: int = 0,
-                 max_steps: int = 1_000_000):
+                 max_steps: int = 1_000_000, transform: Optional[Callable[[TimeStep], TimeStep]] = None):
         self.env = env
+        self.transform = transform or (lambda time_step: time_step)  # data transformers, statistics frozen
         self.seed = seed
         self.num_evaluations = 0
         self.per_env = math.ceil(num_episodes / env.num_envs)
@@ -48,7 +49,7 @@ class Evaluator:
         for _ in range(self.max_steps):
             if bool((done >= self.per_env).all()):
                 break
-            action = algorithm.predict_step(time_step, epsilon_greedy=self.epsilon_greedy).output
+            action = algorithm.predict_step(self.transform(time_step), epsilon_greedy=self.epsilon_greedy).output
             time_step = self.env.step(action)
             counting = (done < self.per_env) & (time_step.step_type != StepType.FIRST)
             ret += torch.where(counting, time_step.reward.double(), 0.0)

@@ -37,6 +37,7 @@ from alfish.trainer.rng import capture_rng_state, restore_rng_state
 from alfish.trainer.signals import SignalRequests, confirm_checkpoint_on_crash
 from alfish.trainer.summary import Summaries
 from alfish.trainer.unroller import Unroller
+from alfish.transforms.base import build_transformers
 
 EVAL_SEED_OFFSET = 1_000_003  # eval envs never share seeds with training envs
 
@@ -90,6 +91,7 @@ class Trainer:
         seed_everything(self.seed)
 
         self.env = create_environment(seed=self.seed)
+        self.transformer = build_transformers(config.data_transformer_ctor, self.env.observation_space)
         self.algorithm = build_algorithm(config, self.env)
         self.optimizer_config = OptimizerConfig()
         # Learning rates may be schedules (alfish.schedulers); torch needs numbers, updated once per iteration.
@@ -123,7 +125,8 @@ class Trainer:
                 logging.info("async_eval=True: asynchronous evaluation is not built yet; evaluating synchronously")
             eval_seed = self.seed + EVAL_SEED_OFFSET
             eval_env = create_environment(num_parallel_environments=config.num_eval_environments, seed=eval_seed)
-            self.evaluator = Evaluator(eval_env, config.num_eval_episodes, config.epsilon_greedy, seed=eval_seed)
+            self.evaluator = Evaluator(eval_env, config.num_eval_episodes, config.epsilon_greedy, seed=eval_seed,
+                                       transform=lambda ts: self.transformer.transform_timestep(ts, False))
         # Progress counters (all checkpointed).
         self.iteration = 0
         self.env_steps = 0
@@ -137,7 +140,8 @@ class Trainer:
     # ------------------------------------------------------------------------------------------------------ run ----
     def run(self) -> int:
         """Train to the end (or until a stop signal); returns the process exit code."""
-        self.unroller = Unroller(self.env, self.algorithm, self.stats)
+        self.unroller = Unroller(self.env, self.algorithm, self.stats,
+                                 transform=lambda ts: self.transformer.transform_timestep(ts, True))
         if self._resume_from is not None:
             self._restore(self._resume_from)
             self._resume_from = None
@@ -248,7 +252,7 @@ class Trainer:
         """Epochs of shuffled mini-batches over everything stored; then (optionally) clear all but the newest step
         of each env: the next unroll's first transition starts from it."""
         cfg = self.config
-        exp = self.algorithm.preprocess_experience(self.replay.gather_all())
+        exp = self.algorithm.preprocess_experience(self.transformer.transform_experience(self.replay.gather_all()))
         batches = WholeBufferBatches(exp, cfg.mini_batch_length or 1, cfg.mini_batch_size)
         for _ in range(cfg.num_updates_per_train_iter):
             for batch in batches.epoch():
@@ -269,7 +273,7 @@ class Trainer:
             exp, info = self.prioritized.sample_batch(self.replay, cfg.mini_batch_size, self._priority_beta)
         else:
             exp, info = self.replay.sample_uniform(cfg.mini_batch_size, cfg.mini_batch_length)
-        return to_time_major(exp), info
+        return self.transformer.transform_experience(to_time_major(exp)), info
 
     def _update(self, exp: Experience, batch_info: Optional[BatchInfo] = None) -> None:
         """One gradient step on a time-major batch ``[L, B]``."""
@@ -361,7 +365,8 @@ class Trainer:
 
     def save_checkpoint(self) -> str:
         rng_tensors, rng_meta = capture_rng_state()
-        tensors = dict(algorithm=self.algorithm.state_dict(), optimizer=self.optimizer.state_dict(), rng=rng_tensors)
+        tensors = dict(algorithm=self.algorithm.state_dict(), optimizer=self.optimizer.state_dict(), rng=rng_tensors,
+                       transformers=self.transformer.state_dict())
         if self.save_replay_buffer and self.replay is not None:
             tensors["replay"] = self.replay.state_dict()
             if self.prioritized is not None:
@@ -377,6 +382,7 @@ class Trainer:
     def _restore(self, ckpt: LoadedCheckpoint) -> None:
         meta = ckpt.meta
         self.algorithm.load_state_dict(ckpt.tensors["algorithm"])
+        self.transformer.load_state_dict(ckpt.tensors["transformers"])
         self.optimizer.load_state_dict(ckpt.tensors["optimizer"])
         self.iteration, self.env_steps = meta["iteration"], meta["env_steps"]
         self.num_updates, self._unroll_credit = meta["num_updates"], meta["unroll_credit"]

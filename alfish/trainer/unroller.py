@@ -14,10 +14,16 @@ from alfish.trainer.metrics import EpisodeStats
 
 
 class Unroller:
-    """Owns the env's current TimeStep; each stored step is ``(time_step, action chosen at it, rollout info)``."""
+    """Owns the env's current TimeStep; each stored step is ``(time_step, action chosen at it, rollout info)``.
 
-    def __init__(self, env: BatchedEnv, algorithm: Algorithm, stats: EpisodeStats):
+    ``transform`` maps the raw TimeStep to what the algorithm sees (data transformers' rollout view, updating their
+    statistics); off-policy storage keeps the raw step, the on-policy trajectory the transformed one.
+    """
+
+    def __init__(self, env: BatchedEnv, algorithm: Algorithm, stats: EpisodeStats,
+                 transform: Optional[Callable[[TimeStep], TimeStep]] = None):
         self.env, self.algorithm, self.stats = env, algorithm, stats
+        self.transform = transform or (lambda time_step: time_step)
         self.time_step: TimeStep = env.reset()
         self.stats.observe(self.time_step)
 
@@ -25,16 +31,20 @@ class Unroller:
         self.time_step = self.env.reset(seed)
         self.stats.observe(self.time_step)
 
-    def unroll(self, num_steps: int, store: Callable[[Experience], None], with_grad: bool) -> None:
-        """Take ``num_steps`` steps per env, handing each stored step ``[B, ...]`` to ``store``.
+    def unroll(self, num_steps: int, store: Callable[[Experience], None], with_grad: bool,
+               store_transformed: bool = False) -> None:
+        """Take ``num_steps`` steps per env, handing each stored step ``[B, ...]`` to ``store`` (the raw step, or
+        the transformed one with ``store_transformed``).
 
         Off-policy rollouts run under ``torch.inference_mode`` unless ``with_grad``.
         """
         mode = contextlib.nullcontext() if with_grad else torch.inference_mode()
         with mode:
             for _ in range(num_steps):
-                alg_step = self.algorithm.rollout_step(self.time_step)
-                store(Experience.from_time_step(self.time_step, alg_step.output, alg_step.info))
+                seen = self.transform(self.time_step)
+                alg_step = self.algorithm.rollout_step(seen)
+                stored = seen if store_transformed else self.time_step
+                store(Experience.from_time_step(stored, alg_step.output, alg_step.info))
                 self.time_step = self.env.step(alg_step.output)
                 self.stats.observe(self.time_step)
 
@@ -42,8 +52,9 @@ class Unroller:
         """Unroll with gradients and return the trajectory ``[num_steps + 1, B]``; the last row is the current step
         with its rollout info computed without gradients (it only bootstraps; its action is not taken)."""
         steps: list[Experience] = []
-        self.unroll(num_steps, steps.append, with_grad=True)
+        self.unroll(num_steps, steps.append, with_grad=True, store_transformed=True)
         with torch.no_grad():
-            alg_step = self.algorithm.rollout_step(self.time_step)
-        steps.append(Experience.from_time_step(self.time_step, alg_step.output, alg_step.info))
+            seen = self.transform(self.time_step)
+            alg_step = self.algorithm.rollout_step(seen)
+        steps.append(Experience.from_time_step(seen, alg_step.output, alg_step.info))
         return nest.stack(steps)

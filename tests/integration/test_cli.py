@@ -33,8 +33,20 @@ SHRINK = {
                           "TrainerConfig.eval_interval=1"] + EVAL_SMALL, 1024),
     # 8 envs x 8 steps per iteration: 192 env steps = 3 iterations, 384 = 6.
     "a2c_cartpole.gin": (["TrainerConfig.num_env_steps=192", "TrainerConfig.eval_interval=1"] + EVAL_SMALL, 384),
+    # as ppo_cartpole.gin, plus the observation normalizer (its statistics are checkpointed and used by play)
+    "ppo_cartpole_normalized.gin": (["TrainerConfig.num_env_steps=512", "TrainerConfig.num_updates_per_train_iter=2",
+                                     "TrainerConfig.eval_interval=1"] + EVAL_SMALL, 1024),
+    # 20 warm-up steps + 4 steps per iteration: 60 env steps = 10 iterations, then 100 = 20.
+    "dqn_cartpole.gin": (["TrainerConfig.num_env_steps=60", "TrainerConfig.initial_collect_steps=20",
+                          "TrainerConfig.unroll_length=4", "TrainerConfig.num_updates_per_train_iter=2",
+                          "TrainerConfig.eval_interval=5"] + EVAL_SMALL, 100),
 }
-EPISODE_LIMIT = {"sac_pendulum.gin": 200, "ppo_cartpole.gin": 500, "a2c_cartpole.gin": 500}
+EPISODE_LIMIT = {"sac_pendulum.gin": 200, "ppo_cartpole.gin": 500, "a2c_cartpole.gin": 500,
+                 "ppo_cartpole_normalized.gin": 500, "dqn_cartpole.gin": 500}
+
+
+def test_every_shipped_conf_is_exercised_here():
+    assert set(SHRINK) == {p.name for p in CONFS.glob("*.gin")}
 
 
 def child_env():

@@ -1,0 +1,181 @@
+"""Deep Q-Network (Mnih et al. 2015) with double Q-learning (van Hasselt et al. 2016) and n-step returns, Discrete
+actions.
+
+Each replay sample is a sequence ``[L = n_step + 1, B]`` (``TrainerConfig.mini_batch_length = n_step + 1``); the loss
+is the TD error of the transition out of its first step against the n-step target of ``n_step_targets``. Exploration
+is epsilon-greedy in ``rollout_step`` (epsilon a number or a schedule); ``predict_step`` is greedy and, with
+``TrainerConfig.epsilon_greedy = e``, takes a uniformly random action with probability ``e`` (ALF's eval epsilon).
+The target network is a copy of the Q-network that follows it every ``target_update_period`` optimizer steps by
+Polyak averaging with ``target_update_tau`` (1 = hard copy).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, NamedTuple, Sequence
+
+import gin
+import gymnasium as gym
+import torch
+import torch.nn.functional as F
+
+from alfish.algorithms.base import OffPolicyAlgorithm
+from alfish.data.types import AlgStep, Experience, LossInfo, StepType, TimeStep
+from alfish.networks.mlp import MLP
+from alfish.schedulers import Scheduler, as_scheduler
+
+
+def n_step_targets(reward: torch.Tensor, discount: torch.Tensor, step_type: torch.Tensor,
+                   bootstrap_value: torch.Tensor, gamma: float, n_step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """n-step TD targets of the transitions out of step 0 of time-major sequences, and which are valid.
+
+    Args:
+        reward, discount, step_type: ``[L, B]`` with ``L >= n_step + 1``; ``reward[k]`` and ``discount[k]`` belong to
+            the transition from step ``k-1`` into step ``k`` (``discount`` 0 at a termination, 1 at a truncation).
+        bootstrap_value: ``[L, B]``, the value of step ``k``'s observation (e.g. ``Q_target(obs_k, a*)``); row 0 is
+            not read.
+        gamma: discount per step. n_step: number of rewards summed, ``>= 1``.
+
+    Returns:
+        ``(target [B], valid [B] bool)``, with ``e = min(n_step, first k >= 1 where step k is LAST)``::
+
+            target = sum_{k=1..e} gamma^(k-1) * prod_{j<k} discount_j * reward_k
+                     + gamma^e * prod_{j<=e} discount_j * bootstrap_value_e
+
+        so an episode ending inside the window stops the sum there and bootstraps from its LAST step (not at all on a
+        termination, where its discount is 0). ``valid`` is False where step 0 is LAST: the transition out of it (env
+        autoreset) is not a real one; its target is still finite.
+    """
+    if n_step < 1:
+        raise ValueError(f"n_step must be >= 1, got {n_step}")
+    if reward.shape[0] < n_step + 1:
+        raise ValueError(f"n_step_targets needs sequences of at least n_step + 1 = {n_step + 1} steps, got "
+                         f"{reward.shape[0]}")
+    target = torch.zeros_like(reward[0])
+    scale = torch.ones_like(reward[0])           # gamma^(k-1) * prod_{j<k} discount_j
+    alive = torch.ones_like(reward[0], dtype=torch.bool)  # no LAST among steps 1..k-1
+    for k in range(1, n_step + 1):
+        target = target + torch.where(alive, scale * reward[k], 0.0)
+        is_last = step_type[k] == StepType.LAST
+        ends = alive & is_last if k < n_step else alive
+        scale = scale * gamma * discount[k]
+        target = target + torch.where(ends, scale * bootstrap_value[k], 0.0)
+        alive = alive & ~is_last
+    return target, step_type[0] != StepType.LAST
+
+
+class DqnTrainInfo(NamedTuple):
+    q: torch.Tensor          # [B], Q(obs_0, action_0), with gradient
+    target: torch.Tensor     # [B], n-step target, no gradient
+    valid: torch.Tensor      # [B] bool, step 0 is not LAST
+
+
+@gin.configurable
+class DqnAlgorithm(OffPolicyAlgorithm):
+    """DQN / double DQN with n-step returns.
+
+    Args:
+        hidden_sizes, activation: the Q-network's MLP.
+        lr: Adam learning rate of the Q-network (number or schedule).
+        gamma: discount per env step.
+        n_step: rewards summed before bootstrapping; needs ``TrainerConfig.mini_batch_length = n_step + 1``.
+        double_q: pick the bootstrap action with the online network and value it with the target network (else
+            both with the target network).
+        target_update_period: optimizer steps between target-network updates.
+        target_update_tau: Polyak factor of a target update (1 = hard copy); number or schedule.
+        epsilon_greedy: probability of a uniformly random action in ``rollout_step``; number or schedule.
+        huber_loss: smooth L1 (delta 1) on the TD error; False: squared error / 2.
+    """
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
+                 hidden_sizes: Sequence[int] = (64, 64), activation: str = "relu", lr: float | Scheduler = 1e-3,
+                 gamma: float = 0.99, n_step: int = 1, double_q: bool = True, target_update_period: int = 100,
+                 target_update_tau: float | Scheduler = 1.0, epsilon_greedy: float | Scheduler = 0.1,
+                 huber_loss: bool = True):
+        super().__init__(observation_space, action_space)
+        if not self.discrete:
+            raise ValueError(f"DqnAlgorithm needs a Discrete action space, got {action_space}; use SacAlgorithm for "
+                             "Box actions")
+        if n_step < 1:
+            raise ValueError(f"DqnAlgorithm.n_step={n_step} must be >= 1")
+        if target_update_period < 1:
+            raise ValueError(f"DqnAlgorithm.target_update_period={target_update_period} must be >= 1")
+        self.q_net = MLP(self.obs_dim, self.num_actions, hidden_sizes, activation)
+        self.target_q_net = copy.deepcopy(self.q_net).requires_grad_(False)
+        self.lr = lr
+        self.gamma = gamma
+        self.n_step = n_step
+        self.double_q = double_q
+        self.target_update_period = target_update_period
+        self.tau = as_scheduler(target_update_tau)
+        self.epsilon = as_scheduler(epsilon_greedy)
+        self.huber_loss = huber_loss
+        self.register_buffer("num_updates", torch.zeros((), dtype=torch.int64))
+
+    def param_groups(self) -> list[dict]:
+        return [dict(name="q", params=list(self.q_net.parameters()), lr=self.lr)]
+
+    # ----------------------------------------------------------------------------------------------------- acting --
+    def _random_where(self, action: torch.Tensor, probability: float) -> torch.Tensor:
+        """``action`` [B], with each entry replaced by a uniformly random action with ``probability``."""
+        if probability <= 0.0:
+            return action
+        random = torch.randint(self.num_actions, action.shape, device=action.device)
+        pick = torch.rand(action.shape, device=action.device) < probability
+        return torch.where(pick, random, action)
+
+    def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
+        """Greedy action ``[B]`` (int64), or the epsilon-greedy exploration action when not ``greedy``."""
+        action = self.q_net(self.flat_obs(obs)).argmax(-1)
+        return (action if greedy else self._random_where(action, self.epsilon())), ()
+
+    def predict_step(self, time_step: TimeStep, state: Any = (), epsilon_greedy: float = 0.0) -> AlgStep:
+        """Greedy; with probability ``epsilon_greedy`` per env a uniformly random action (not the exploration
+        epsilon's action)."""
+        action, _ = self._act(time_step.observation, greedy=True)
+        return AlgStep(output=self._random_where(action, epsilon_greedy), state=state)
+
+    # --------------------------------------------------------------------------------------------------- training --
+    def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:
+        """Q-value and n-step target of the transition out of step 0 of each sequence of ``exp`` ``[n_step+1, B]``."""
+        length = exp.step_type.shape[0]
+        if length != self.n_step + 1:
+            raise ValueError(f"DqnAlgorithm with n_step={self.n_step} trains on sequences of n_step + 1 = "
+                             f"{self.n_step + 1} steps, got {length}; set TrainerConfig.mini_batch_length = "
+                             f"{self.n_step + 1}")
+        obs = self.flat_obs(exp.observation, batch_dims=2)  # [L, B, obs_dim]
+        with torch.no_grad():
+            later = obs[1:]
+            target_q = self.target_q_net(later)                                  # [n, B, A]
+            chooser = self.q_net(later) if self.double_q else target_q
+            best = chooser.argmax(-1, keepdim=True)
+            value = target_q.gather(-1, best).squeeze(-1)                        # [n, B]
+            value = torch.cat([torch.zeros_like(value[:1]), value])              # [L, B], row 0 unused
+            target, valid = n_step_targets(exp.reward, exp.discount, exp.step_type, value, self.gamma, self.n_step)
+        q = self.q_net(obs[0]).gather(-1, exp.action[0].long().unsqueeze(-1)).squeeze(-1)  # [B]
+        return AlgStep(info=DqnTrainInfo(q, target, valid))
+
+    def calc_loss(self, exp: Experience, train_info: DqnTrainInfo) -> LossInfo:
+        """Per-sample loss ``[1, B]`` (sequences starting at a LAST step are masked out); priority ``|TD error|``."""
+        td = train_info.q - train_info.target
+        if self.huber_loss:
+            per_sample = F.smooth_l1_loss(train_info.q, train_info.target, reduction="none", beta=1.0)
+        else:
+            per_sample = 0.5 * td ** 2
+        valid = train_info.valid.to(per_sample.dtype)
+        loss = per_sample * valid
+
+        def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
+            count = valid.sum().clamp(min=1.0)
+            return dict(td_loss=loss.detach().sum() / count,
+                        q_mean=(train_info.q.detach() * valid).sum() / count,
+                        epsilon=torch.tensor(self.epsilon()))
+
+        return LossInfo(loss=loss.unsqueeze(0), extra=extra, priority=td.detach().abs() * valid)
+
+    def after_update(self) -> None:
+        self.num_updates += 1
+        # The modulo reads the counter back (a host sync on GPU), so skip it in the period-1 case.
+        if self.target_update_period == 1 or int(self.num_updates) % self.target_update_period == 0:
+            with torch.no_grad():
+                torch._foreach_lerp_(list(self.target_q_net.parameters()), list(self.q_net.parameters()),
+                                     self.tau())
