@@ -1,8 +1,9 @@
 from alfish.algorithms.a2c import A2cAlgorithm
 from alfish.algorithms.base import Algorithm, OffPolicyAlgorithm, OnPolicyAlgorithm, RLAlgorithm
+from alfish.algorithms.ddpg import DdpgAlgorithm, Td3Algorithm
 from alfish.algorithms.dqn import DqnAlgorithm
 from alfish.algorithms.ppo import PpoAlgorithm
 from alfish.algorithms.sac import SacAlgorithm
 
-__all__ = ["A2cAlgorithm", "Algorithm", "DqnAlgorithm", "OffPolicyAlgorithm", "OnPolicyAlgorithm", "PpoAlgorithm",
-           "RLAlgorithm", "SacAlgorithm"]
+__all__ = ["A2cAlgorithm", "Algorithm", "DdpgAlgorithm", "DqnAlgorithm", "OffPolicyAlgorithm", "OnPolicyAlgorithm",
+           "PpoAlgorithm", "RLAlgorithm", "SacAlgorithm", "Td3Algorithm"]

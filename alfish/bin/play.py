@@ -88,7 +88,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     algorithm.load_state_dict(ckpt.tensors["algorithm"])
     algorithm.eval()
     transformer = build_transformers(config.data_transformer_ctor, env.observation_space)
-    transformer.load_state_dict(ckpt.tensors["transformers"])  # e.g. the observation normalizer's statistics
+    if "transformers" in ckpt.tensors:  # e.g. the observation normalizer's statistics
+        transformer.load_state_dict(ckpt.tensors["transformers"])
     transformer.eval()
     fps = args.fps or int(env._venv.metadata.get("render_fps") or 30)
     frames: list = []

@@ -203,7 +203,10 @@ class Trainer:
         cfg = self.config
         if self.replay is None:
             return
-        steps_per_env = max(0, math.ceil((cfg.initial_collect_steps - self.env_steps) / self.env.num_envs))
+        warm_up_target = cfg.initial_collect_steps
+        if cfg.num_env_steps > 0:  # never collect past the run's own budget
+            warm_up_target = min(warm_up_target, cfg.num_env_steps)
+        steps_per_env = max(0, math.ceil((warm_up_target - self.env_steps) / self.env.num_envs))
         if not cfg.whole_replay_buffer_training:
             # Sampling needs at least one whole sequence per env before the first update.
             steps_per_env = max(steps_per_env, cfg.mini_batch_length - int(self.replay.num_stored().min()))
@@ -382,7 +385,8 @@ class Trainer:
     def _restore(self, ckpt: LoadedCheckpoint) -> None:
         meta = ckpt.meta
         self.algorithm.load_state_dict(ckpt.tensors["algorithm"])
-        self.transformer.load_state_dict(ckpt.tensors["transformers"])
+        if "transformers" in ckpt.tensors:  # absent in checkpoints written before data transformers existed
+            self.transformer.load_state_dict(ckpt.tensors["transformers"])
         self.optimizer.load_state_dict(ckpt.tensors["optimizer"])
         self.iteration, self.env_steps = meta["iteration"], meta["env_steps"]
         self.num_updates, self._unroll_credit = meta["num_updates"], meta["unroll_credit"]

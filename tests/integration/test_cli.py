@@ -40,9 +40,15 @@ SHRINK = {
     "dqn_cartpole.gin": (["TrainerConfig.num_env_steps=60", "TrainerConfig.initial_collect_steps=20",
                           "TrainerConfig.unroll_length=4", "TrainerConfig.num_updates_per_train_iter=2",
                           "TrainerConfig.eval_interval=5"] + EVAL_SMALL, 100),
+    # as sac_pendulum.gin
+    "td3_pendulum.gin": (["TrainerConfig.num_env_steps=150", "TrainerConfig.initial_collect_steps=100",
+                          "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
+    "ddpg_pendulum.gin": (["TrainerConfig.num_env_steps=150", "TrainerConfig.initial_collect_steps=100",
+                           "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
 }
 EPISODE_LIMIT = {"sac_pendulum.gin": 200, "ppo_cartpole.gin": 500, "a2c_cartpole.gin": 500,
-                 "ppo_cartpole_normalized.gin": 500, "dqn_cartpole.gin": 500}
+                 "ppo_cartpole_normalized.gin": 500, "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
+                 "ddpg_pendulum.gin": 200}
 
 
 def test_every_shipped_conf_is_exercised_here():

@@ -1,0 +1,188 @@
+"""DDPG (Lillicrap et al. 2016) and TD3 (Fujimoto et al. 2018, "Addressing Function Approximation Error in
+Actor-Critic Methods"), continuous actions.
+
+TD3 is DDPG with three additions, each one constructor argument of ``DdpgAlgorithm``:
+  1. clipped double Q: ``num_critics=2`` critics (one ``EnsembleMLP``), the TD target takes their minimum;
+  2. target policy smoothing: ``target_policy_noise`` (clipped to ``target_noise_clip``) on the target action;
+  3. delayed policy updates: ``policy_delay`` -- the actor and the targets are updated every ``policy_delay``-th
+     optimizer step only.
+``Td3Algorithm`` is ``DdpgAlgorithm`` with the paper's values of those three as defaults.
+
+One total loss, one backward (DESIGN.md §3.2): the critic term sees the TD target computed without gradient, the
+actor term reads the critic through detached weights. Actions live in the unit box [-1, 1] inside the networks
+(actor output tanh) and in [low, high] in the env; noise scales are in unit-box units.
+
+Policy delay and Adam. On a step where the actor is not due, the actor term is not built at all (a constant 0 with
+no graph), so the actor's parameters get no gradient (``grad is None`` after the trainer's
+``zero_grad(set_to_none=True)``) and torch's Adam skips them entirely: no step, no moment decay, no step-count
+increment -- exactly as if the actor's optimizer had not been called, which is what the reference implementation
+does with its separate actor optimizer. (Multiplying the term by 0 instead would hand Adam zero gradients, and Adam
+would still move the actor with its decaying first moment.) Under DDP this needs ``find_unused_parameters=True``
+when ``policy_delay > 1``.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, NamedTuple, Optional, Sequence
+
+import gin
+import gymnasium as gym
+import torch
+
+from alfish.algorithms.base import OffPolicyAlgorithm
+from alfish.data.types import AlgStep, Experience, LossInfo, StepType
+from alfish.networks.mlp import MLP, EnsembleMLP
+from alfish.schedulers import Scheduler, as_scheduler
+
+
+class DdpgTrainInfo(NamedTuple):
+    td_error: torch.Tensor     # [N], |Q - target| averaged over the critics (replay priority)
+    critic_loss: torch.Tensor  # [N]
+    actor_loss: torch.Tensor   # [N]; zeros (no graph) on steps where the delayed actor is not due
+    q: torch.Tensor            # [N], mean over the critics of Q(s, a) of the stored action (detached)
+
+
+@gin.configurable
+class DdpgAlgorithm(OffPolicyAlgorithm):
+    """DDPG, and TD3 with ``num_critics=2, target_policy_noise=0.2, target_noise_clip=0.5, policy_delay=2``.
+
+    Args:
+        hidden_sizes: hidden layers of the actor and of each critic.
+        actor_lr, critic_lr: Adam learning rates of the two parameter groups (numbers or schedules).
+        gamma: discount per env step.
+        target_update_tau: Polyak factor for the target actor and critics (1 = hard copy); number or schedule.
+        target_update_period: target updates happen every ``target_update_period`` actor updates (so every
+            ``policy_delay * target_update_period`` optimizer steps).
+        exploration_noise: std of the Gaussian added to the actor's unit-box action in ``rollout_step`` (the sum is
+            clipped to [-1, 1]); number or schedule.
+        num_critics: critic ensemble size; the TD target takes the minimum over the target critics.
+        target_policy_noise: std of the smoothing noise on the target action (0: none), unit-box units.
+        target_noise_clip: the smoothing noise is clipped to [-target_noise_clip, target_noise_clip].
+        policy_delay: optimizer steps per actor (and target) update.
+    """
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
+                 hidden_sizes: Sequence[int] = (256, 256), actor_lr: float | Scheduler = 1e-3,
+                 critic_lr: float | Scheduler = 1e-3, gamma: float = 0.99,
+                 target_update_tau: float | Scheduler = 0.005, target_update_period: int = 1,
+                 exploration_noise: float | Scheduler = 0.1, num_critics: int = 1,
+                 target_policy_noise: float = 0.0, target_noise_clip: float = 0.5, policy_delay: int = 1):
+        super().__init__(observation_space, action_space)
+        if self.discrete:
+            raise ValueError(f"{type(self).__name__} needs a Box action space, got {action_space}; use "
+                             "DqnAlgorithm, PpoAlgorithm or A2cAlgorithm for discrete actions")
+        if policy_delay < 1 or target_update_period < 1 or num_critics < 1:
+            raise ValueError(f"policy_delay={policy_delay}, target_update_period={target_update_period} and "
+                             f"num_critics={num_critics} must all be >= 1")
+        self.actor = MLP(self.obs_dim, self.action_dim, hidden_sizes)
+        self.critics = EnsembleMLP(num_critics, self.obs_dim + self.action_dim, 1, hidden_sizes)
+        self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
+        self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
+        self.gamma = gamma
+        self.tau = as_scheduler(target_update_tau)
+        self.exploration_noise = as_scheduler(exploration_noise)
+        self.target_policy_noise, self.target_noise_clip = target_policy_noise, target_noise_clip
+        self.policy_delay, self.target_update_period = policy_delay, target_update_period
+        self._lrs = dict(actor=actor_lr, critic=critic_lr)
+        # Optimizer steps done: a buffer so checkpoints keep the delay's phase, mirrored by a Python int so the
+        # delay decision costs no host sync (re-read once after load_state_dict).
+        self.register_buffer("num_updates", torch.zeros((), dtype=torch.int64))
+        self._num_updates: Optional[int] = None
+        self.register_load_state_dict_post_hook(lambda module, keys: setattr(module, "_num_updates", None))
+
+    def param_groups(self) -> list[dict]:
+        return [dict(name="actor", params=list(self.actor.parameters()), lr=self._lrs["actor"]),
+                dict(name="critic", params=list(self.critics.parameters()), lr=self._lrs["critic"])]
+
+    # ----------------------------------------------------------------------------------------------------- acting --
+    def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
+        unit_action = torch.tanh(self.actor(self.flat_obs(obs)))
+        if not greedy:
+            noise = torch.randn_like(unit_action) * self.exploration_noise()
+            unit_action = (unit_action + noise).clamp(-1.0, 1.0)
+        return self.scale_action(unit_action), ()
+
+    def _updates_done(self) -> int:
+        if self._num_updates is None:
+            self._num_updates = int(self.num_updates)
+        return self._num_updates
+
+    def actor_due(self) -> bool:
+        """Whether the coming optimizer step (the ``updates_done + 1``-th) trains the actor."""
+        return (self._updates_done() + 1) % self.policy_delay == 0
+
+    def smoothing_noise(self, like: torch.Tensor) -> torch.Tensor:
+        """TD3's target policy smoothing: N(0, target_policy_noise) clipped to +-target_noise_clip."""
+        return (torch.randn_like(like) * self.target_policy_noise).clamp(-self.target_noise_clip,
+                                                                         self.target_noise_clip)
+
+    # --------------------------------------------------------------------------------------------------- training --
+    def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:
+        """Losses of the ``L-1`` transitions of ``exp`` ``[L, B]``, each ``[(L-1) * B]``."""
+        obs = self.flat_obs(exp.observation, batch_dims=2)
+        obs_t, obs_next = obs[:-1].flatten(0, 1), obs[1:].flatten(0, 1)
+        act_t = self.unscale_action(exp.action[:-1].flatten(0, 1))
+        reward, discount = exp.reward[1:].flatten(), exp.discount[1:].flatten()
+
+        with torch.no_grad():
+            next_action = torch.tanh(self.target_actor(obs_next))
+            if self.target_policy_noise > 0:
+                next_action = (next_action + self.smoothing_noise(next_action)).clamp(-1.0, 1.0)
+            next_q = self.target_critics(torch.cat([obs_next, next_action], -1)).min(0).values.squeeze(-1)
+            td_target = reward + self.gamma * discount * next_q
+
+        q = self.critics(torch.cat([obs_t, act_t], -1)).squeeze(-1)            # [E, N]
+        td = q - td_target
+        critic_loss = 0.5 * (td ** 2).sum(0)
+
+        if self.actor_due():  # the first critic scores the actor (TD3 paper; the only one for DDPG)
+            new_action = torch.tanh(self.actor(obs_t))
+            actor_loss = -self.critics(torch.cat([obs_t, new_action], -1), detach_params=True)[0].squeeze(-1)
+        else:
+            actor_loss = torch.zeros_like(critic_loss.detach())
+        return AlgStep(info=DdpgTrainInfo(td.detach().abs().mean(0), critic_loss, actor_loss, q.detach().mean(0)))
+
+    def calc_loss(self, exp: Experience, train_info: DdpgTrainInfo) -> LossInfo:
+        """Per-transition loss ``[L-1, B]``; transitions out of a LAST step (env autoreset) are masked out."""
+        shape = exp.step_type[:-1].shape
+        valid = (exp.step_type[:-1] != StepType.LAST).to(train_info.critic_loss.dtype).flatten()
+        loss = (train_info.critic_loss + train_info.actor_loss) * valid
+
+        def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
+            count = valid.sum().clamp(min=1.0)
+            terms = torch.stack([train_info.critic_loss, train_info.actor_loss, train_info.q]).detach()
+            means = (terms * valid).sum(-1) / count
+            # actor_loss reads 0 on summaries that fall on a step where the delayed actor was not trained.
+            return dict(critic_loss=means[0], actor_loss=means[1], q_mean=means[2])
+
+        priority = (train_info.td_error * valid).view(shape).mean(0)  # [B]: mean |TD error| of each sequence
+        return LossInfo(loss=loss.view(shape), extra=extra, priority=priority)
+
+    def after_update(self) -> None:
+        """Counts the optimizer step; on every ``policy_delay * target_update_period``-th, Polyak-averages the target
+        actor and critics towards the online ones."""
+        self._num_updates = self._updates_done() + 1
+        self.num_updates += 1
+        if self._num_updates % (self.policy_delay * self.target_update_period) == 0:
+            tau = self.tau()
+            with torch.no_grad():
+                for target, online in ((self.target_actor, self.actor), (self.target_critics, self.critics)):
+                    torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+
+
+@gin.configurable
+class Td3Algorithm(DdpgAlgorithm):
+    """TD3: ``DdpgAlgorithm`` with twin critics, target policy smoothing and delayed policy updates (paper values).
+
+    All of ``DdpgAlgorithm``'s arguments apply; the defaults differ only in the three TD3 additions.
+    """
+
+    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
+                 hidden_sizes: Sequence[int] = (256, 256), actor_lr: float | Scheduler = 1e-3,
+                 critic_lr: float | Scheduler = 1e-3, gamma: float = 0.99,
+                 target_update_tau: float | Scheduler = 0.005, target_update_period: int = 1,
+                 exploration_noise: float | Scheduler = 0.1, num_critics: int = 2,
+                 target_policy_noise: float = 0.2, target_noise_clip: float = 0.5, policy_delay: int = 2):
+        super().__init__(observation_space, action_space, hidden_sizes, actor_lr, critic_lr, gamma, target_update_tau,
+                         target_update_period, exploration_noise, num_critics, target_policy_noise,
+                         target_noise_clip, policy_delay)
