@@ -25,6 +25,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SPEC = {
     "sac": dict(throughput_steps=2000, learn_steps=20000, eval_every=1000, threshold=-200.0),
     "ppo": dict(throughput_steps=20480, learn_steps=100000, eval_every=5120, threshold=475.0),
+    # issue 3's algorithms (throughput only; their confs pin Trainer.num_threads=1, so run with --threads 1)
+    "td3": dict(throughput_steps=3000, learn_steps=20000, eval_every=1000, threshold=-200.0),
+    "ddpg": dict(throughput_steps=3000, learn_steps=20000, eval_every=1000, threshold=-200.0),
+    "dqn": dict(throughput_steps=10240, learn_steps=50000, eval_every=5120, threshold=475.0),
+    "dqn_noper": dict(throughput_steps=10240, learn_steps=50000, eval_every=5120, threshold=475.0),
 }
 
 
@@ -48,7 +53,8 @@ def time_to_threshold(evals: list, threshold: float) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", nargs="+", default=["sac", "ppo"], choices=list(SPEC))
+    parser.add_argument("--algos", nargs="+", default=["sac", "ppo"], choices=list(SPEC),
+                        help="sac ppo (issue 2); td3 ddpg dqn dqn_noper (issue 3: DQN with/without PER vs SB3's DQN)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--learn", action="store_true", help="also run the full learning comparison")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")

@@ -16,8 +16,11 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CONFS = {"sac": "confs/sac_pendulum.gin", "ppo": "confs/ppo_cartpole.gin"}
-ENVS = {"sac": "Pendulum-v1", "ppo": "CartPole-v1"}
+CONFS = {"sac": "confs/sac_pendulum.gin", "ppo": "confs/ppo_cartpole.gin", "td3": "confs/td3_pendulum.gin",
+         "ddpg": "confs/ddpg_pendulum.gin", "dqn": "confs/dqn_cartpole.gin", "dqn_noper": "confs/dqn_cartpole.gin"}
+ENVS = {"sac": "Pendulum-v1", "ppo": "CartPole-v1", "td3": "Pendulum-v1", "ddpg": "Pendulum-v1",
+        "dqn": "CartPole-v1", "dqn_noper": "CartPole-v1"}
+EXTRA_PARAMS = {"dqn_noper": ["TrainerConfig.priority_replay=False"]}
 EVAL_EPISODES = 5
 
 
@@ -38,6 +41,7 @@ def run_alfish(args: argparse.Namespace) -> dict:
         params += ["TrainerConfig.evaluate=False"]
     if args.threads:
         params.append(f"Trainer.num_threads={args.threads}")
+    params += EXTRA_PARAMS.get(args.algo, [])
     load_conf(os.path.join(REPO, CONFS[args.algo]), params)
     trainer = Trainer(TrainerConfig(root_dir=root))
     start = time.perf_counter()
@@ -80,7 +84,24 @@ def run_sb3(args: argparse.Namespace) -> dict:
                 self.records.append((self.num_timesteps, time.perf_counter() - self.start, float(mean)))
             return True
 
-    if args.algo == "sac":
+    if args.algo in ("td3", "ddpg"):
+        import numpy as np
+        from stable_baselines3 import DDPG, TD3
+        from stable_baselines3.common.noise import NormalActionNoise
+
+        noise = NormalActionNoise(mean=np.zeros(1), sigma=0.1 * np.ones(1))  # in SB3's [-1, 1] action units
+        cls = TD3 if args.algo == "td3" else DDPG
+        model = cls("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, buffer_size=200_000,
+                    learning_starts=1000, tau=0.005, gamma=0.98, train_freq=1, gradient_steps=1, action_noise=noise,
+                    policy_kwargs=dict(net_arch=[256, 256]), seed=args.seed, verbose=0, device="cpu")
+    elif args.algo in ("dqn", "dqn_noper"):
+        from stable_baselines3 import DQN
+
+        model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                    learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
+                    exploration_fraction=0.16, exploration_final_eps=0.04, max_grad_norm=10,
+                    policy_kwargs=dict(net_arch=[256, 256]), seed=args.seed, verbose=0, device="cpu")
+    elif args.algo == "sac":
         model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, buffer_size=100_000,
                     learning_starts=100, tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1,
                     policy_kwargs=dict(net_arch=[256, 256]), seed=args.seed, verbose=0, device="cpu")
@@ -103,7 +124,7 @@ def run_sb3(args: argparse.Namespace) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--framework", choices=["alfish", "sb3"], required=True)
-    parser.add_argument("--algo", choices=["sac", "ppo"], required=True)
+    parser.add_argument("--algo", choices=sorted(CONFS), required=True)
     parser.add_argument("--setting", choices=["identical", "tuned"], default="identical")
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--eval_every", type=int, default=0)
