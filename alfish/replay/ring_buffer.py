@@ -45,12 +45,13 @@ class RingBuffer:
             self._add(exp)
 
     def _add(self, exp: Experience) -> None:
-        leaves, spec = pytree.tree_flatten(exp)
+        env_ids = exp.env_id
+        # env_id is not stored: it is the ring's own index (8 bytes per step saved); gather puts it back.
+        leaves, spec = pytree.tree_flatten(exp._replace(env_id=()))
         if self._storage is None:
             self._spec = spec
             self._storage = [torch.zeros((self.num_envs, self.capacity) + tuple(x.shape[1:]), dtype=x.dtype,
                                          device=self.device) for x in leaves]
-        env_ids = exp.env_id
         if self._lockstep is not None and torch.equal(env_ids, self._all_envs):
             # Every env written at once, in order (the synchronous case): one slice write per leaf, no index tensors.
             slot = self._lockstep % self.capacity
@@ -100,7 +101,8 @@ class RingBuffer:
         """Sequences ``[N, length]`` starting at absolute indices ``positions`` ``[N]`` of rings ``env_ids`` ``[N]``."""
         idx = (positions.unsqueeze(1) + torch.arange(length)) % self.capacity
         rows = env_ids.unsqueeze(1)
-        return pytree.tree_unflatten([store[rows, idx] for store in self._storage], self._spec)
+        exp: Experience = pytree.tree_unflatten([store[rows, idx] for store in self._storage], self._spec)
+        return exp._replace(env_id=rows.expand(-1, length))
 
     def sample_uniform(self, batch_size: int, length: int) -> tuple[Experience, BatchInfo]:
         """``batch_size`` sequences of ``length`` steps, uniform over all fully stored sequences: ``[B, L]``."""
@@ -135,5 +137,9 @@ class RingBuffer:
         self._floor = state["oldest"].clone()
         counts = self._write_count.tolist()
         self._lockstep = counts[0] if len(set(counts)) == 1 else None
-        self._spec = pytree.tree_flatten(example)[1]
+        self._spec = pytree.tree_flatten(example._replace(env_id=()))[1]
+        if state["leaves"] and len(state["leaves"]) != self._spec.num_leaves:
+            raise ValueError(f"the checkpoint's replay buffer holds {len(state['leaves'])} fields per step but this "
+                             f"algorithm stores {self._spec.num_leaves}; it was written by another alfish version or "
+                             "algorithm: delete the checkpoint's replay.pt entry or start a new root_dir")
         self._storage = [x.to(self.device) for x in state["leaves"]] or None

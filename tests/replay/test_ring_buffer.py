@@ -222,3 +222,21 @@ def test_to_time_major_transposes_every_leaf():
     assert tm.observation.shape == (4, 2, 2)
     assert tm.rollout_info["index"].tolist() == [[0, 0], [1, 1], [2, 2], [3, 3]]
     assert tm.env_id.tolist() == [[0, 1]] * 4
+
+
+def test_storage_holds_no_more_than_the_raw_bytes_of_a_step():
+    # Pendulum-like step: obs 3 x f32 (12 B) + action 1 x f32 (4) + reward f32 (4) + discount f32 (4) + step type
+    # int8 (1) = 25 B of raw data; env_id is the ring's own index and must not be stored.
+    import torch as _torch
+    from alfish.data.types import Experience as _Exp
+    from alfish.replay.ring_buffer import RingBuffer as _Ring
+
+    ring = _Ring(num_envs=2, capacity=100)
+    step = _Exp(_torch.ones(2, dtype=_torch.int8), _torch.zeros(2), _torch.ones(2), _torch.zeros(2, 3),
+                _torch.zeros(2, 1), _torch.arange(2))
+    ring.add(step)
+    stored_bytes = sum(t.numel() * t.element_size() for t in ring.state_dict()["leaves"])
+    assert stored_bytes == 2 * 100 * 25
+    # and gather gives env_id back: the ring index of each sequence
+    exp = ring.gather(_torch.tensor([1, 0]), _torch.tensor([0, 0]), 1)
+    assert exp.env_id.tolist() == [[1], [0]]
