@@ -141,5 +141,5 @@ class RingBuffer:
         if state["leaves"] and len(state["leaves"]) != self._spec.num_leaves:
             raise ValueError(f"the checkpoint's replay buffer holds {len(state['leaves'])} fields per step but this "
                              f"algorithm stores {self._spec.num_leaves}; it was written by another alfish version or "
-                             "algorithm: delete the checkpoint's replay.pt entry or start a new root_dir")
+                             "algorithm: resume it with that version, or start a new root_dir")
         self._storage = [x.to(self.device) for x in state["leaves"]] or None
