@@ -7,7 +7,7 @@ import gin
 import gymnasium as gym
 import torch
 
-from alfish.algorithms.actor_critic import ActorCriticNetworks
+from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OnPolicyAlgorithm
 from alfish.data.types import Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
@@ -21,7 +21,7 @@ class A2cRolloutInfo(NamedTuple):
 
 
 @gin.configurable
-class A2cAlgorithm(OnPolicyAlgorithm):
+class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
     """A2C on the on-policy path: ``calc_loss`` receives the unroll ``[T+1, B]`` whose rollout infos carry gradients;
     the last row only bootstraps.
 
@@ -41,9 +41,6 @@ class A2cAlgorithm(OnPolicyAlgorithm):
         self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
         self.value_loss_coef, self.entropy_coef = value_loss_coef, as_scheduler(entropy_coef)
         self.normalize_advantages = normalize_advantages
-
-    def param_groups(self) -> list[dict]:
-        return [dict(name="actor_critic", params=list(self.net.parameters()), lr=self.lr)]
 
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         out = self.net.act(self.flat_obs(obs), greedy)

@@ -22,6 +22,16 @@ class PolicyOutput(NamedTuple):
     value: torch.Tensor     # [N]
 
 
+class ActorCriticParams:
+    """For algorithms whose trainable parameters are one ``ActorCriticNetworks`` (``self.net``) at rate ``self.lr``."""
+
+    net: "ActorCriticNetworks"
+    lr: object  # a number or a schedule
+
+    def param_groups(self) -> list[dict]:
+        return [dict(name="actor_critic", params=list(self.net.parameters()), lr=self.lr)]
+
+
 @gin.configurable
 class ActorCriticNetworks(nn.Module):
     """Separate policy and value MLPs over flat observations ``[N, obs_dim]``."""

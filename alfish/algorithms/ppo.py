@@ -12,7 +12,7 @@ import gin
 import gymnasium as gym
 import torch
 
-from alfish.algorithms.actor_critic import ActorCriticNetworks
+from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OffPolicyAlgorithm
 from alfish.data.types import AlgStep, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
@@ -40,7 +40,7 @@ class PpoExperienceInfo(NamedTuple):
 
 
 @gin.configurable
-class PpoAlgorithm(OffPolicyAlgorithm):
+class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
     """PPO-clip.
 
     Args:
@@ -62,9 +62,6 @@ class PpoAlgorithm(OffPolicyAlgorithm):
         self.lr, self.gamma, self.gae_lambda, self.clip_range = lr, gamma, gae_lambda, as_scheduler(clip_range)
         self.value_loss_coef, self.entropy_coef = value_loss_coef, as_scheduler(entropy_coef)
         self.normalize_advantages = normalize_advantages
-
-    def param_groups(self) -> list[dict]:
-        return [dict(name="actor_critic", params=list(self.net.parameters()), lr=self.lr)]
 
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         out = self.net.act(self.flat_obs(obs), greedy)

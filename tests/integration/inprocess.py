@@ -13,6 +13,29 @@ from alfish.config import TrainerConfig, load_conf
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFS = REPO / "confs"
 
+# The trainer settings every off-policy learning test on alfish/PointGoal-v0 shares (1 env, one step and one update
+# per iteration, 1500 env steps, an evaluation every 100 iterations); each test adds its algorithm's bindings.
+OFF_POLICY_POINT_GOAL = """
+create_environment.env_name = 'alfish/PointGoal-v0'
+create_environment.num_parallel_environments = 1
+TrainerConfig.random_seed = 1
+TrainerConfig.num_iterations = 0
+TrainerConfig.num_env_steps = 1500
+TrainerConfig.unroll_length = 1
+TrainerConfig.initial_collect_steps = 100
+TrainerConfig.whole_replay_buffer_training = False
+TrainerConfig.replay_buffer_length = 10000
+TrainerConfig.mini_batch_size = 128
+TrainerConfig.mini_batch_length = 2
+TrainerConfig.num_updates_per_train_iter = 1
+TrainerConfig.summary_interval = 100
+TrainerConfig.evaluate = True
+TrainerConfig.eval_interval = 100
+TrainerConfig.num_eval_episodes = 1
+TrainerConfig.num_eval_environments = 1
+TrainerConfig.num_checkpoints = 0
+"""
+
 
 def run_trainer(conf_file: str | os.PathLike, root_dir: str | os.PathLike, params: Sequence[str] = ()) -> int:
     """``python -m alfish.bin.train`` minus the process: load the conf (+ bindings), build the Trainer, run it."""

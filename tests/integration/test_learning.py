@@ -7,13 +7,11 @@ Hyperparameters were tried with seeds 0-3 here; each reached the threshold well 
 """
 import pytest
 
-from .inprocess import eval_log, run_trainer_from_text
+from .inprocess import OFF_POLICY_POINT_GOAL, eval_log, run_trainer_from_text
 
 pytestmark = [pytest.mark.learning]
 
-SAC_POINT_GOAL = """
-create_environment.env_name = 'alfish/PointGoal-v0'
-create_environment.num_parallel_environments = 1
+SAC_POINT_GOAL = OFF_POLICY_POINT_GOAL + """
 SacAlgorithm.hidden_sizes = (64, 64)
 SacAlgorithm.actor_lr = 1e-2
 SacAlgorithm.critic_lr = 1e-2
@@ -21,22 +19,6 @@ SacAlgorithm.alpha_lr = 1e-2
 SacAlgorithm.gamma = 0.9
 SacAlgorithm.target_update_tau = 0.05
 TrainerConfig.algorithm_ctor = @SacAlgorithm
-TrainerConfig.random_seed = 1
-TrainerConfig.num_iterations = 0
-TrainerConfig.num_env_steps = 1500
-TrainerConfig.unroll_length = 1
-TrainerConfig.initial_collect_steps = 100
-TrainerConfig.whole_replay_buffer_training = False
-TrainerConfig.replay_buffer_length = 10000
-TrainerConfig.mini_batch_size = 128
-TrainerConfig.mini_batch_length = 2
-TrainerConfig.num_updates_per_train_iter = 1
-TrainerConfig.summary_interval = 100
-TrainerConfig.evaluate = True
-TrainerConfig.eval_interval = 100
-TrainerConfig.num_eval_episodes = 1
-TrainerConfig.num_eval_environments = 1
-TrainerConfig.num_checkpoints = 0
 """
 
 # The evaluation samples from the policy (epsilon_greedy = 1): 0.65 averaged over 10 episodes needs nearly every

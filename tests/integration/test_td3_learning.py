@@ -8,13 +8,11 @@ already about -1.0); the fixed seed 1 starts at -7.5, which the "started far" ch
 """
 import pytest
 
-from .inprocess import eval_log, run_trainer_from_text
+from .inprocess import OFF_POLICY_POINT_GOAL, eval_log, run_trainer_from_text
 
 pytestmark = [pytest.mark.learning]
 
-TD3_POINT_GOAL = """
-create_environment.env_name = 'alfish/PointGoal-v0'
-create_environment.num_parallel_environments = 1
+TD3_POINT_GOAL = OFF_POLICY_POINT_GOAL + """
 Td3Algorithm.hidden_sizes = (64, 64)
 Td3Algorithm.actor_lr = 1e-2
 Td3Algorithm.critic_lr = 1e-2
@@ -22,22 +20,7 @@ Td3Algorithm.gamma = 0.9
 Td3Algorithm.target_update_tau = 0.05
 Td3Algorithm.exploration_noise = 0.3
 TrainerConfig.algorithm_ctor = @Td3Algorithm
-TrainerConfig.random_seed = 1
-TrainerConfig.num_iterations = 0
 TrainerConfig.num_env_steps = 1000
-TrainerConfig.unroll_length = 1
-TrainerConfig.initial_collect_steps = 100
-TrainerConfig.whole_replay_buffer_training = False
-TrainerConfig.replay_buffer_length = 10000
-TrainerConfig.mini_batch_size = 128
-TrainerConfig.mini_batch_length = 2
-TrainerConfig.num_updates_per_train_iter = 1
-TrainerConfig.summary_interval = 100
-TrainerConfig.evaluate = True
-TrainerConfig.eval_interval = 100
-TrainerConfig.num_eval_episodes = 1
-TrainerConfig.num_eval_environments = 1
-TrainerConfig.num_checkpoints = 0
 """
 
 
