@@ -57,7 +57,10 @@ class Algorithm(nn.Module):
 
 
 class RLAlgorithm(Algorithm):
-    """An algorithm acting in an env with Box observations and Box or Discrete actions.
+    """An algorithm acting in an env with Box (or dict-of-Box) observations and Box or Discrete actions.
+
+    Networks see flat float observations ``[*batch, obs_dim]`` (``flat_obs``): a dict observation is the
+    concatenation of its fields in the space's key order.
 
     Subclasses implement ``_act(obs, greedy) -> (action, info)``; the epsilon-greedy mix of greedy and sampled actions
     used by ``predict_step`` lives here once.
@@ -68,7 +71,8 @@ class RLAlgorithm(Algorithm):
         self.observation_space = observation_space
         self.action_space = action_space
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
-        self.obs_dim = int(torch.tensor(observation_space.shape).prod())
+        self._obs_keys = list(observation_space.spaces) if isinstance(observation_space, gym.spaces.Dict) else None
+        self.obs_dim = int(gym.spaces.flatdim(observation_space))
         if self.discrete:
             self.num_actions = int(action_space.n)
             self.action_dim = 1
@@ -105,8 +109,11 @@ class RLAlgorithm(Algorithm):
         return 2.0 * (env_action - self.action_low) / (self.action_high - self.action_low) - 1.0
 
     def flat_obs(self, obs: torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
-        """``[*batch, *obs_shape] -> [*batch, obs_dim]``."""
-        return obs.reshape(obs.shape[:batch_dims] + (self.obs_dim,))
+        """``[*batch, *obs_shape] -> [*batch, obs_dim]`` float32 (dict fields concatenated in key order)."""
+        if self._obs_keys is not None:
+            parts = [obs[k].reshape(obs[k].shape[:batch_dims] + (-1,)) for k in self._obs_keys]
+            return torch.cat(parts, dim=-1).to(torch.float32)
+        return obs.reshape(obs.shape[:batch_dims] + (self.obs_dim,)).to(torch.float32)
 
 
 class OnPolicyAlgorithm(RLAlgorithm):

@@ -14,6 +14,7 @@ import torch
 
 from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OffPolicyAlgorithm
+from alfish.data import nest
 from alfish.data.types import AlgStep, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
 from alfish.schedulers import Scheduler, as_scheduler
@@ -74,7 +75,7 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         adv = generalized_advantage_estimation(tm(exp.reward), tm(info.value), tm(exp.step_type),
                                                tm(exp.discount), self.gamma, self.gae_lambda).transpose(0, 1)
         value = info.value[:, :-1]
-        trimmed = Experience(*[x[:, :-1] for x in exp[:-1]], rollout_info=())
+        trimmed = nest.map_nest(lambda x: x[:, :-1], exp._replace(rollout_info=()))
         return trimmed._replace(rollout_info=PpoExperienceInfo(info.log_prob[:, :-1], value, adv, adv + value))
 
     def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:

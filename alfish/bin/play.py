@@ -84,13 +84,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     render_mode = "human" if args.render else ("rgb_array" if args.record_file else None)
     env = create_environment(num_parallel_environments=1, seed=args.seed, vectorization="sync",
                              render_mode=render_mode)
-    algorithm = build_algorithm(config, env)
-    algorithm.load_state_dict(ckpt.tensors["algorithm"])
-    algorithm.eval()
     transformer = build_transformers(config.data_transformer_ctor, env.observation_space)
     if "transformers" in ckpt.tensors:  # e.g. the observation normalizer's statistics
         transformer.load_state_dict(ckpt.tensors["transformers"])
     transformer.eval()
+    view = transformer.rollout_view(update_stats=False)
+    algorithm = build_algorithm(config, env, transformer)
+    algorithm.load_state_dict(ckpt.tensors["algorithm"])
+    algorithm.eval()
     fps = args.fps or int(env._venv.metadata.get("render_fps") or 30)
     frames: list = []
     returns = []
@@ -100,7 +101,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.record_file:
             frames.append(env.render()[0])
         while len(returns) < args.num_episodes:
-            seen = transformer.transform_timestep(time_step, update_stats=False)
+            seen = view(time_step)
             action = algorithm.predict_step(seen, epsilon_greedy=args.epsilon_greedy).output
             time_step = env.step(action)
             if int(time_step.step_type[0]) == StepType.FIRST:

@@ -34,6 +34,7 @@ class TimeStep(NamedTuple):
     observation: float32 [B, *obs_shape].
     prev_action: [B, *action_shape], the action that led here (zeros at FIRST).
     env_id:      int64 [B], which environment of the batch produced this step.
+    untransformed: ``()``, or the raw TimeStep before any data transformer (set by ``UntransformedTimeStep``).
     """
 
     step_type: torch.Tensor
@@ -42,6 +43,7 @@ class TimeStep(NamedTuple):
     observation: Any
     prev_action: torch.Tensor
     env_id: torch.Tensor
+    untransformed: Any = ()
 
     def is_first(self) -> torch.Tensor:
         return self.step_type == StepType.FIRST
@@ -68,7 +70,8 @@ class Experience(NamedTuple):
     """One stored step: a TimeStep, the action chosen at it and the rollout info, plus replay metadata.
 
     Shapes are ``[L, B, ...]`` (time-major) when handed to ``train_step``. The next observation of step ``t`` is
-    ``observation[t + 1]``: the buffer never stores a duplicated next observation.
+    ``observation[t + 1]``: the buffer never stores a duplicated next observation. ``untransformed`` is ``()`` in
+    storage; ``UntransformedTimeStep`` fills it with the raw sample (an Experience) before the other transformers.
     """
 
     step_type: torch.Tensor
@@ -78,6 +81,7 @@ class Experience(NamedTuple):
     action: torch.Tensor
     env_id: torch.Tensor
     rollout_info: Any = ()
+    untransformed: Any = ()
 
     @staticmethod
     def from_time_step(time_step: TimeStep, action: torch.Tensor, rollout_info: Any = ()) -> "Experience":
@@ -89,6 +93,7 @@ class Experience(NamedTuple):
             action=action,
             env_id=time_step.env_id,
             rollout_info=rollout_info,
+            untransformed=time_step.untransformed,
         )
 
     def is_last(self) -> torch.Tensor:

@@ -34,8 +34,9 @@ def _make_single_env(env_name: str, env_kwargs: dict, render_mode: Optional[str]
 class BatchedEnv:
     """``num_envs`` copies of one gymnasium env, stepped together.
 
-    Observations must be Box spaces (returned as float32 ``[B, *obs_shape]``); actions Box (float32
-    ``[B, *action_shape]``, clipped to the bounds) or Discrete (int64 ``[B]``).
+    Observations: a Box space, returned as ``[B, *obs_shape]`` float32 (integer Boxes such as uint8 images keep their
+    dtype, so the replay buffer stores them compactly), or a Dict of Boxes (goal-conditioned envs), returned as a dict
+    of such tensors. Actions: Box (float32 ``[B, *action_shape]``, clipped to the bounds) or Discrete (int64 ``[B]``).
     """
 
     def __init__(
@@ -66,7 +67,6 @@ class BatchedEnv:
         self.observation_space = self._venv.single_observation_space
         self.action_space = self._venv.single_action_space
         self._check_spaces()
-        self.obs_shape = tuple(self.observation_space.shape)
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
         self.action_shape = () if self.discrete else tuple(self.action_space.shape)
         if not self.discrete:
@@ -79,9 +79,11 @@ class BatchedEnv:
                                         dtype=torch.int64 if self.discrete else torch.float32)
 
     def _check_spaces(self) -> None:
-        if not isinstance(self.observation_space, gym.spaces.Box):
-            raise ValueError(f"env '{self.env_name}' has observation space {self.observation_space}; alfish supports "
-                             "Box observations for now (wrap the env to flatten it)")
+        space = self.observation_space
+        leaves = list(space.spaces.values()) if isinstance(space, gym.spaces.Dict) else [space]
+        if not all(isinstance(leaf, gym.spaces.Box) for leaf in leaves):
+            raise ValueError(f"env '{self.env_name}' has observation space {space}; alfish supports Box observations "
+                             "and Dicts of Boxes (wrap the env, e.g. gymnasium.wrappers.FlattenObservation)")
         if not isinstance(self.action_space, (gym.spaces.Box, gym.spaces.Discrete)):
             raise ValueError(f"env '{self.env_name}' has action space {self.action_space}; alfish supports Box and "
                              "Discrete actions")
@@ -141,12 +143,20 @@ class BatchedEnv:
         self._venv.close()
 
     # ----------------------------------------------------------------------------------------------------------------
-    def _to_obs_tensor(self, obs: np.ndarray) -> torch.Tensor:
-        expected = (self.num_envs,) + tuple(self.observation_space.shape)
+    def _to_obs_tensor(self, obs: Any) -> Any:
+        if isinstance(self.observation_space, gym.spaces.Dict):
+            return {key: self._to_tensor(obs[key], space, f"observation['{key}']")
+                    for key, space in self.observation_space.spaces.items()}
+        return self._to_tensor(obs, self.observation_space, "observation")
+
+    def _to_tensor(self, obs: np.ndarray, space: gym.spaces.Box, what: str) -> torch.Tensor:
+        expected = (self.num_envs,) + tuple(space.shape)
         if obs.shape != expected:
-            raise ValueError(f"env '{self.env_name}' returned observation of shape {list(obs.shape)} but its "
-                             f"observation_space {self.observation_space} with {self.num_envs} envs means "
+            raise ValueError(f"env '{self.env_name}' returned {what} of shape {list(obs.shape)} but its "
+                             f"observation_space {space} with {self.num_envs} envs means "
                              f"{list(expected)}; fix the env's observation_space or its step/reset")
+        if np.issubdtype(space.dtype, np.integer):
+            return torch.as_tensor(obs.astype(space.dtype, copy=False))
         return torch.as_tensor(obs, dtype=torch.float32)
 
     def _to_env_action(self, action: torch.Tensor) -> np.ndarray:

@@ -6,7 +6,9 @@ A stored step is an ``Experience`` (TimeStep fields + the action chosen + rollou
 is simply the next slot, so nothing is stored twice.
 
 A sampled sequence never wraps from the newest slot to the oldest: it lies inside one env's contiguous history.
-Episode boundaries inside a sequence are visible from the step types (LAST followed by FIRST).
+Episode boundaries inside a sequence are visible from the step types (LAST followed by FIRST). With
+``track_episode_ends`` the buffer also knows, for every stored step, where its episode ends (hindsight relabelling
+needs it); that costs 8 bytes per slot and a back-fill when an episode's LAST step is written.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ class RingBuffer:
     """
 
     def __init__(self, num_envs: int, capacity: int, device: str | torch.device = "cpu",
-                 generator: Optional[torch.Generator] = None):
+                 generator: Optional[torch.Generator] = None, track_episode_ends: bool = False):
         self.num_envs = num_envs
         self.capacity = capacity
         self.device = torch.device(device)
@@ -36,6 +38,10 @@ class RingBuffer:
         self._all_envs = torch.arange(num_envs)
         self._floor = torch.zeros(num_envs, dtype=torch.int64)  # steps before this index were cleared
         self._generator = generator
+        # Absolute index of each slot's episode's LAST step; -1 while the episode is still running.
+        self._episode_end: Optional[torch.Tensor] = (
+            torch.full((num_envs, capacity), -1, dtype=torch.int64) if track_episode_ends else None)
+        self._episode_begin = torch.zeros(num_envs, dtype=torch.int64)  # absolute index of each env's current FIRST
 
     # ---------------------------------------------------------------------------------------------------- writing --
     def add(self, exp: Experience) -> None:
@@ -58,13 +64,27 @@ class RingBuffer:
             for store, x in zip(self._storage, leaves):
                 store[:, slot] = x
             self._lockstep += 1
-            self._write_count += 1
-            return
-        self._lockstep = None
-        slots = self._write_count[env_ids] % self.capacity
-        for store, x in zip(self._storage, leaves):
-            store[env_ids, slots] = x.to(self.device)
+        else:
+            self._lockstep = None
+            slots = self._write_count[env_ids] % self.capacity
+            for store, x in zip(self._storage, leaves):
+                store[env_ids, slots] = x.to(self.device)
+        if self._episode_end is not None:
+            self._track_episodes(env_ids, exp.step_type)
         self._write_count[env_ids] += 1
+
+    def _track_episodes(self, env_ids: torch.Tensor, step_type: torch.Tensor) -> None:
+        """Before ``_write_count`` advances: note new episodes' first steps, back-fill ended episodes' ends."""
+        index = self._write_count[env_ids]
+        self._episode_end[env_ids, index % self.capacity] = -1
+        first = step_type == StepType.FIRST
+        self._episode_begin[env_ids[first]] = index[first]
+        for env, end in zip(env_ids[step_type == StepType.LAST].tolist(), index[step_type == StepType.LAST].tolist()):
+            self._fill_episode_end(env, end)
+
+    def _fill_episode_end(self, env: int, end: int) -> None:
+        begin = max(int(self._episode_begin[env]), end - self.capacity + 1)
+        self._episode_end[env, torch.arange(begin, end + 1) % self.capacity] = end
 
     def clear(self, keep_last: int = 0) -> None:
         """Forget everything except the newest ``keep_last`` steps of each env (kept at their absolute indices)."""
@@ -84,6 +104,9 @@ class RingBuffer:
         slots = (self._write_count[has_data] - 1) % self.capacity
         stored: Experience = pytree.tree_unflatten(self._storage, self._spec)  # views of the storage, no copy
         stored.step_type[env_ids, slots] = StepType.LAST
+        if self._episode_end is not None:
+            for env in env_ids.tolist():
+                self._fill_episode_end(env, int(self._write_count[env]) - 1)
 
     # ---------------------------------------------------------------------------------------------------- reading --
     def oldest_index(self) -> torch.Tensor:
@@ -99,10 +122,27 @@ class RingBuffer:
 
     def gather(self, env_ids: torch.Tensor, positions: torch.Tensor, length: int) -> Experience:
         """Sequences ``[N, length]`` starting at absolute indices ``positions`` ``[N]`` of rings ``env_ids`` ``[N]``."""
-        idx = (positions.unsqueeze(1) + torch.arange(length)) % self.capacity
+        return self.gather_at(env_ids, positions.unsqueeze(1) + torch.arange(length))
+
+    def gather_at(self, env_ids: torch.Tensor, index: torch.Tensor) -> Experience:
+        """Steps ``[N, M]`` at absolute indices ``index`` ``[N, M]`` of rings ``env_ids`` ``[N]`` (caller keeps the
+        indices readable: ``oldest_index() <= index < write_count``)."""
         rows = env_ids.unsqueeze(1)
-        exp: Experience = pytree.tree_unflatten([store[rows, idx] for store in self._storage], self._spec)
-        return exp._replace(env_id=rows.expand(-1, length))
+        slots = index % self.capacity
+        exp: Experience = pytree.tree_unflatten([store[rows, slots] for store in self._storage], self._spec)
+        return exp._replace(env_id=rows.expand_as(index))
+
+    def write_count(self) -> torch.Tensor:
+        """Steps ever written per env ``[num_envs]`` (the absolute index the next step gets)."""
+        return self._write_count.clone()
+
+    def episode_end(self, env_ids: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Absolute index of the last stored step of the episode holding step ``index`` of ring ``env_ids`` (same
+        shapes): its LAST step, or the newest stored step while the episode is still running."""
+        if self._episode_end is None:
+            raise RuntimeError("this RingBuffer was built without track_episode_ends=True")
+        end = self._episode_end[env_ids, index % self.capacity]
+        return torch.where(end >= 0, end, self._write_count[env_ids] - 1)
 
     def sample_uniform(self, batch_size: int, length: int) -> tuple[Experience, BatchInfo]:
         """``batch_size`` sequences of ``length`` steps, uniform over all fully stored sequences: ``[B, L]``."""
@@ -128,8 +168,11 @@ class RingBuffer:
     def state_dict(self) -> dict:
         """Tensors only: the storage leaves, the write counters and the oldest readable index."""
         leaves = self._storage or []
-        return {"write_count": self._write_count.clone(), "oldest": self.oldest_index(),
-                "leaves": [leaf.clone() for leaf in leaves]}
+        state = {"write_count": self._write_count.clone(), "oldest": self.oldest_index(),
+                 "leaves": [leaf.clone() for leaf in leaves]}
+        if self._episode_end is not None:
+            state.update(episode_end=self._episode_end.clone(), episode_begin=self._episode_begin.clone())
+        return state
 
     def load_state_dict(self, state: dict, example: Experience) -> None:
         """Restore from ``state_dict``; ``example`` gives the nest structure (any Experience of the right structure)."""
@@ -143,3 +186,9 @@ class RingBuffer:
                              f"algorithm stores {self._spec.num_leaves}; it was written by another alfish version or "
                              "algorithm: resume it with that version, or start a new root_dir")
         self._storage = [x.to(self.device) for x in state["leaves"]] or None
+        if self._episode_end is not None:
+            if "episode_end" not in state:
+                raise ValueError("the checkpoint's replay buffer has no episode ends, which hindsight relabelling "
+                                 "needs; it was written without HindsightExperienceTransformer: start a new root_dir")
+            self._episode_end = state["episode_end"].clone()
+            self._episode_begin = state["episode_begin"].clone()

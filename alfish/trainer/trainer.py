@@ -37,7 +37,7 @@ from alfish.trainer.rng import capture_rng_state, restore_rng_state
 from alfish.trainer.signals import SignalRequests, confirm_checkpoint_on_crash
 from alfish.trainer.summary import Summaries
 from alfish.trainer.unroller import Unroller
-from alfish.transforms.base import build_transformers
+from alfish.transforms.base import DataTransformer, build_transformers
 
 EVAL_SEED_OFFSET = 1_000_003  # eval envs never share seeds with training envs
 
@@ -56,9 +56,11 @@ def loss_terms(loss_info: LossInfo) -> dict:
     return dict(extra() if callable(extra) else (extra or {}))
 
 
-def build_algorithm(config: TrainerConfig, env: BatchedEnv) -> Algorithm:
-    """Construct ``config.algorithm_ctor`` for ``env``'s spaces."""
-    return config.algorithm_ctor(observation_space=env.observation_space, action_space=env.action_space)
+def build_algorithm(config: TrainerConfig, env: BatchedEnv, transformer: DataTransformer) -> Algorithm:
+    """Construct ``config.algorithm_ctor`` for ``env``'s action space and the observations the data transformers
+    hand it (e.g. stacked frames)."""
+    return config.algorithm_ctor(observation_space=transformer.output_observation_space(env.observation_space),
+                                 action_space=env.action_space)
 
 
 def seed_everything(seed: int) -> None:
@@ -92,7 +94,7 @@ class Trainer:
 
         self.env = create_environment(seed=self.seed)
         self.transformer = build_transformers(config.data_transformer_ctor, self.env.observation_space)
-        self.algorithm = build_algorithm(config, self.env)
+        self.algorithm = build_algorithm(config, self.env, self.transformer)
         self.optimizer_config = OptimizerConfig()
         # Learning rates may be schedules (alfish.schedulers); torch needs numbers, updated once per iteration.
         groups, self.lr_schedules = split_lr_schedules(self.algorithm.param_groups())
@@ -102,7 +104,8 @@ class Trainer:
         self.replay: Optional[RingBuffer] = None
         self.prioritized: Optional[PrioritizedSampler] = None
         if not self.algorithm.on_policy:
-            self.replay = RingBuffer(self.env.num_envs, config.replay_buffer_length)
+            self.replay = RingBuffer(self.env.num_envs, config.replay_buffer_length,
+                                     track_episode_ends=self.transformer.needs_episode_ends)
             if config.priority_replay:
                 self.prioritized = PrioritizedSampler(
                     self.env.num_envs, config.replay_buffer_length, sequence_length=config.mini_batch_length,
@@ -126,7 +129,7 @@ class Trainer:
             eval_seed = self.seed + EVAL_SEED_OFFSET
             eval_env = create_environment(num_parallel_environments=config.num_eval_environments, seed=eval_seed)
             self.evaluator = Evaluator(eval_env, config.num_eval_episodes, config.epsilon_greedy, seed=eval_seed,
-                                       transform=lambda ts: self.transformer.transform_timestep(ts, False))
+                                       transform=self.transformer.rollout_view(update_stats=False))
         # Progress counters (all checkpointed).
         self.iteration = 0
         self.env_steps = 0
@@ -141,7 +144,7 @@ class Trainer:
     def run(self) -> int:
         """Train to the end (or until a stop signal); returns the process exit code."""
         self.unroller = Unroller(self.env, self.algorithm, self.stats,
-                                 transform=lambda ts: self.transformer.transform_timestep(ts, True))
+                                 transform=self.transformer.rollout_view(update_stats=True))
         if self._resume_from is not None:
             self._restore(self._resume_from)
             self._resume_from = None
@@ -255,7 +258,10 @@ class Trainer:
         """Epochs of shuffled mini-batches over everything stored; then (optionally) clear all but the newest step
         of each env: the next unroll's first transition starts from it."""
         cfg = self.config
-        exp = self.algorithm.preprocess_experience(self.transformer.transform_experience(self.replay.gather_all()))
+        raw = self.replay.gather_all()
+        where = BatchInfo(env_ids=torch.arange(self.replay.num_envs), positions=self.replay.oldest_index())
+        exp = self.transformer.transform_experience(self.transformer.transform_sample(raw, where, self.replay))
+        exp = self.algorithm.preprocess_experience(exp)
         batches = WholeBufferBatches(exp, cfg.mini_batch_length or 1, cfg.mini_batch_size)
         for _ in range(cfg.num_updates_per_train_iter):
             for batch in batches.epoch():
@@ -276,6 +282,7 @@ class Trainer:
             exp, info = self.prioritized.sample_batch(self.replay, cfg.mini_batch_size, self._priority_beta)
         else:
             exp, info = self.replay.sample_uniform(cfg.mini_batch_size, cfg.mini_batch_length)
+        exp = self.transformer.transform_sample(exp, info, self.replay)
         return self.transformer.transform_experience(to_time_major(exp)), info
 
     def _update(self, exp: Experience, batch_info: Optional[BatchInfo] = None) -> None:
@@ -396,7 +403,8 @@ class Trainer:
             self.evaluator.num_evaluations = self.iteration // self.eval_interval
         if "replay" in ckpt.tensors and self.replay is not None:
             with torch.inference_mode():
-                alg_step = self.algorithm.rollout_step(self.unroller.time_step)
+                seen = self.transformer.rollout_view(update_stats=False)(self.unroller.time_step)
+                alg_step = self.algorithm.rollout_step(seen)
             example = Experience.from_time_step(self.unroller.time_step, alg_step.output, alg_step.info)
             self.replay.load_state_dict(ckpt.tensors["replay"], example)
             if self.prioritized is not None:

@@ -25,11 +25,20 @@ class Unroller:
         self.env, self.algorithm, self.stats = env, algorithm, stats
         self.transform = transform or (lambda time_step: time_step)
         self.time_step: TimeStep = env.reset()
+        self._seen: Optional[TimeStep] = None  # self.time_step transformed (each env step is transformed once)
         self.stats.observe(self.time_step)
 
     def reset(self, seed: Optional[int] = None) -> None:
         self.time_step = self.env.reset(seed)
+        self._seen = None
         self.stats.observe(self.time_step)
+
+    def seen(self) -> TimeStep:
+        """The current time step as the algorithm sees it. Transformed once per env step: stateful transformers
+        (frame stacking) and running statistics must not see a step twice."""
+        if self._seen is None:
+            self._seen = self.transform(self.time_step)
+        return self._seen
 
     def unroll(self, num_steps: int, store: Callable[[Experience], None], with_grad: bool,
                store_transformed: bool = False) -> None:
@@ -41,11 +50,11 @@ class Unroller:
         mode = contextlib.nullcontext() if with_grad else torch.inference_mode()
         with mode:
             for _ in range(num_steps):
-                seen = self.transform(self.time_step)
+                seen = self.seen()
                 alg_step = self.algorithm.rollout_step(seen)
                 stored = seen if store_transformed else self.time_step
                 store(Experience.from_time_step(stored, alg_step.output, alg_step.info))
-                self.time_step = self.env.step(alg_step.output)
+                self.time_step, self._seen = self.env.step(alg_step.output), None
                 self.stats.observe(self.time_step)
 
     def unroll_on_policy(self, num_steps: int) -> Experience:
@@ -54,7 +63,7 @@ class Unroller:
         steps: list[Experience] = []
         self.unroll(num_steps, steps.append, with_grad=True, store_transformed=True)
         with torch.no_grad():
-            seen = self.transform(self.time_step)
+            seen = self.seen()
             alg_step = self.algorithm.rollout_step(seen)
         steps.append(Experience.from_time_step(seen, alg_step.output, alg_step.info))
         return nest.stack(steps)

@@ -1,12 +1,13 @@
-"""Stateless reward shaping applied to training experience (the env's own rewards still drive the return metrics)."""
+"""Stateless reward shaping of the data the algorithm learns from (returns in TensorBoard and evaluation stay the
+env's own). Both views change the reward: the rollout view feeds on-policy training, the experience view replay."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import gin
 import gymnasium as gym
 
-from alfish.data.types import Experience
+from alfish.data.types import Experience, TimeStep
 from alfish.transforms.base import DataTransformer
 
 
@@ -17,6 +18,9 @@ class RewardScaling(DataTransformer):
     def __init__(self, observation_space: Optional[gym.spaces.Box] = None, scale: float = 1.0):
         super().__init__()
         self.scale = scale
+
+    def transform_timestep(self, time_step: TimeStep, state: Any, update_stats: bool) -> tuple[TimeStep, Any]:
+        return time_step._replace(reward=time_step.reward * self.scale), state
 
     def transform_experience(self, exp: Experience) -> Experience:
         return exp._replace(reward=exp.reward * self.scale)
@@ -32,6 +36,9 @@ class RewardClipping(DataTransformer):
         if minimum > maximum:
             raise ValueError(f"RewardClipping.minimum={minimum} must be <= RewardClipping.maximum={maximum}")
         self.minimum, self.maximum = minimum, maximum
+
+    def transform_timestep(self, time_step: TimeStep, state: Any, update_stats: bool) -> tuple[TimeStep, Any]:
+        return time_step._replace(reward=time_step.reward.clamp(self.minimum, self.maximum)), state
 
     def transform_experience(self, exp: Experience) -> Experience:
         return exp._replace(reward=exp.reward.clamp(self.minimum, self.maximum))

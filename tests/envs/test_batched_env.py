@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import alfish.envs.toy  # noqa: F401  (registers alfish/*)
+from alfish.data import nest
 from alfish.data.types import StepType
 from alfish.envs.batched_env import BatchedEnv, create_environment
 
@@ -41,7 +42,7 @@ def test_chain_termination_and_truncation_step_types(make_env):
     """env 0 always moves right: reaches the goal (cell 4) on its 4th step -> LAST, discount 0, reward 1.
     env 1 always moves left: stays in cell 0 and is cut by the 10-step time limit -> LAST, discount 1."""
     env = make_env("alfish/Chain-v0", 2, seed=0)
-    assert env.discrete and env.action_shape == () and env.obs_shape == (5,)
+    assert env.discrete and env.action_shape == () and env.observation_space.shape == (5,)
     action = torch.tensor([1, 0])
     ts = env.reset()
     steps = [ts]
@@ -214,4 +215,41 @@ def test_async_gives_the_same_time_steps_as_sync(make_env):
     assert any(int(s.step_type[i]) == L for s in runs[0] for i in range(3))  # episodes did end on the way
     for s_sync, s_async in zip(*runs):
         for field in s_sync._fields:
-            assert torch.equal(getattr(s_sync, field), getattr(s_async, field)), field
+            sync_leaves, async_leaves = nest.flatten(getattr(s_sync, field)), nest.flatten(getattr(s_async, field))
+            assert len(sync_leaves) == len(async_leaves), field
+            assert all(torch.equal(a, b) for a, b in zip(sync_leaves, async_leaves)), field
+
+
+def test_dict_observations_come_back_as_dicts_of_tensors():
+    env = create_environment(env_name="alfish/BitFlipping-v0", env_kwargs={"num_bits": 5},
+                             num_parallel_environments=3, seed=4)
+    first = env.reset()
+    assert set(first.observation) == {"observation", "achieved_goal", "desired_goal"}
+    assert all(v.shape == (3, 5) and v.dtype == torch.float32 for v in first.observation.values())
+    assert torch.equal(first.observation["observation"], first.observation["achieved_goal"])
+    assert bool((first.observation["achieved_goal"] != first.observation["desired_goal"]).any(-1).all())
+    before = first.observation["achieved_goal"].clone()
+    after = env.step(torch.tensor([0, 1, 4])).observation["achieved_goal"]
+    assert (after != before).sum(-1).tolist() == [1, 1, 1]  # each action flipped exactly one bit
+    env.close()
+
+
+class _Uint8Frames(gym.Env):
+    observation_space = gym.spaces.Box(0, 255, shape=(2, 2), dtype=np.uint8)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.full((2, 2), 200, dtype=np.uint8), {}
+
+    def step(self, action):
+        return np.full((2, 2), 7, dtype=np.uint8), 0.0, False, False, {}
+
+
+def test_integer_observations_keep_their_dtype():
+    if "alfish-test/Uint8Frames-v0" not in gym.registry:
+        gym.register(id="alfish-test/Uint8Frames-v0", entry_point=_Uint8Frames, max_episode_steps=5)
+    env = create_environment(env_name="alfish-test/Uint8Frames-v0", num_parallel_environments=2)
+    obs = env.reset().observation
+    assert obs.dtype == torch.uint8 and int(obs[0, 0, 0]) == 200  # stored compactly; ImageScaleTransformer scales
+    env.close()

@@ -45,10 +45,13 @@ SHRINK = {
                           "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
     "ddpg_pendulum.gin": (["TrainerConfig.num_env_steps=150", "TrainerConfig.initial_collect_steps=100",
                            "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
+    # 80 warm-up steps (10 per env) + 8 envs x 10 steps per iteration: 240 env steps = 2 iterations, 400 = 4.
+    "dqn_her_bitflip.gin": (["TrainerConfig.num_env_steps=240", "TrainerConfig.initial_collect_steps=80",
+                             "TrainerConfig.eval_interval=1"] + EVAL_SMALL, 400),
 }
 EPISODE_LIMIT = {"sac_pendulum.gin": 200, "ppo_cartpole.gin": 500, "a2c_cartpole.gin": 500,
                  "ppo_cartpole_normalized.gin": 500, "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
-                 "ddpg_pendulum.gin": 200}
+                 "ddpg_pendulum.gin": 200, "dqn_her_bitflip.gin": 10}
 
 
 def test_every_shipped_conf_is_exercised_here():
