@@ -238,6 +238,9 @@ class _Uint8Frames(gym.Env):
     observation_space = gym.spaces.Box(0, 255, shape=(2, 2), dtype=np.uint8)
     action_space = gym.spaces.Discrete(2)
 
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         return np.full((2, 2), 200, dtype=np.uint8), {}
