@@ -10,6 +10,11 @@ wall-clock to the first evaluation at or above the threshold, and the final eval
     20k env steps, threshold -200. Identical hyperparameters on both sides; this is also the RL Zoo tuned conf.
   * PPO on CartPole-v1: 8 envs, n_steps 32, batch 256, 20 epochs, GAE 0.8, gamma 0.98. Throughput at identical
     (constant lr 1e-3, clip 0.2) settings; learning with alfish's conf vs RL Zoo's tuned conf (linear schedules).
+  * TD3 / DDPG on Pendulum-v1 (confs/td3_pendulum.gin, confs/ddpg_pendulum.gin: lr 1e-3, batch 256, 256x256,
+    gamma 0.98, Gaussian noise 0.1, 1000 warm-up steps, 1 gradient step per env step), 20k env steps.
+  * DQN on CartPole-v1 with (dqn) and without (dqn_noper) prioritized replay (confs/dqn_cartpole.gin, RL Zoo's
+    hyperparameters) against SB3's DQN (which has no prioritized replay), 50k env steps.
+  Learning also prints the evaluation returns of both at equal env steps and their mean over the run's last quarter.
 Also prints the SAC update's FLOP floor (tools/bench/sac_update_floor.py).
 """
 from __future__ import annotations
@@ -51,11 +56,23 @@ def time_to_threshold(evals: list, threshold: float) -> float | None:
     return None
 
 
+def returns_at_equal_env_steps(alfish: list, sb3: list) -> list[tuple[int, float, float]]:
+    """Pair each SB3 evaluation with alfish's evaluation at the nearest env-step count (within 5%)."""
+    pairs = []
+    for steps, _, sb3_return in sb3:
+        if not alfish:
+            break
+        near = min(alfish, key=lambda e: abs(e[0] - steps))
+        if abs(near[0] - steps) <= 0.05 * steps:
+            pairs.append((steps, near[2], sb3_return))
+    return pairs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", nargs="+", default=["sac", "ppo"], choices=list(SPEC),
                         help="sac ppo (issue 2); td3 ddpg dqn dqn_noper (issue 3: DQN with/without PER vs SB3's DQN)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=3, help="throughput runs per framework (0: skip)")
     parser.add_argument("--learn", action="store_true", help="also run the full learning comparison")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
     args = parser.parse_args()
@@ -63,16 +80,18 @@ def main() -> None:
     for algo in args.algos:
         spec = SPEC[algo]
         rates = {"alfish": [], "sb3": []}
+        summary[algo] = {}
         for _ in range(args.repeats):
             for fw in ("alfish", "sb3"):
                 r = run(fw, algo, spec["throughput_steps"], threads=args.threads)
                 rates[fw].append(r["steps"] / r["learn_s"])
-        med = {fw: statistics.median(v) for fw, v in rates.items()}
-        print(f"[{algo}] env steps/s over {spec['throughput_steps']} steps, median of {args.repeats}: "
-              f"alfish {med['alfish']:.0f}  sb3 {med['sb3']:.0f}  ratio alfish/sb3 {med['alfish'] / med['sb3']:.2f}  "
-              f"(all: alfish {[round(x) for x in rates['alfish']]}, sb3 {[round(x) for x in rates['sb3']]})",
-              flush=True)
-        summary[algo] = dict(steps_per_s=med, ratio=med["alfish"] / med["sb3"])
+        if args.repeats > 0:
+            med = {fw: statistics.median(v) for fw, v in rates.items()}
+            print(f"[{algo}] env steps/s over {spec['throughput_steps']} steps, median of {args.repeats}: "
+                  f"alfish {med['alfish']:.0f}  sb3 {med['sb3']:.0f}  ratio alfish/sb3 "
+                  f"{med['alfish'] / med['sb3']:.2f}  (all: alfish {[round(x) for x in rates['alfish']]}, "
+                  f"sb3 {[round(x) for x in rates['sb3']]})", flush=True)
+            summary[algo] = dict(steps_per_s=med, ratio=med["alfish"] / med["sb3"])
         if args.learn:
             setting = "tuned"
             res = {fw: run(fw, algo, spec["learn_steps"], setting, spec["eval_every"], args.threads)
@@ -85,6 +104,15 @@ def main() -> None:
                       f"{final:.1f}; evals {[(s, round(t), round(v, 1)) for s, t, v in r['evals']]}", flush=True)
                 summary[algo][f"{fw}_time_to_threshold_s"] = ttt
                 summary[algo][f"{fw}_final_return"] = final
+            same_steps = returns_at_equal_env_steps(res["alfish"]["evals"], res["sb3"]["evals"])
+            print(f"[{algo}] eval return at equal env steps (env steps: alfish, sb3): "
+                  f"{[(s, round(a, 1), round(b, 1)) for s, a, b in same_steps]}", flush=True)
+            if same_steps:
+                tail = same_steps[-max(1, len(same_steps) // 4):]  # the last quarter of the run
+                mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+                print(f"[{algo}] mean eval return over the last quarter: alfish {mean([x[1] for x in tail]):.1f}, "
+                      f"sb3 {mean([x[2] for x in tail]):.1f}", flush=True)
+            summary[algo]["returns_at_equal_env_steps"] = same_steps
             a, b = summary[algo]["alfish_time_to_threshold_s"], summary[algo]["sb3_time_to_threshold_s"]
             if a is not None and b is not None:
                 print(f"[{algo}] wall-clock to threshold, alfish/sb3: {a / b:.2f}", flush=True)

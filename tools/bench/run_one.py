@@ -22,6 +22,7 @@ ENVS = {"sac": "Pendulum-v1", "ppo": "CartPole-v1", "td3": "Pendulum-v1", "ddpg"
         "dqn": "CartPole-v1", "dqn_noper": "CartPole-v1"}
 EXTRA_PARAMS = {"dqn_noper": ["TrainerConfig.priority_replay=False"]}
 EVAL_EPISODES = 5
+ENV_STEPS_PER_ITERATION = {"ppo": 8 * 32, "dqn": 256, "dqn_noper": 256}  # as in the confs
 
 
 def run_alfish(args: argparse.Namespace) -> dict:
@@ -34,7 +35,7 @@ def run_alfish(args: argparse.Namespace) -> dict:
               "TrainerConfig.summary_interval=1000000", "TrainerConfig.summarize_first_interval=False",
               "Trainer.progress_log_interval_s=1e9"]
     if args.eval_every:
-        per_iter = 8 * 32 if args.algo == "ppo" else 1
+        per_iter = ENV_STEPS_PER_ITERATION.get(args.algo, 1)
         params += ["TrainerConfig.evaluate=True", f"TrainerConfig.eval_interval={max(1, args.eval_every // per_iter)}",
                    f"TrainerConfig.num_eval_episodes={EVAL_EPISODES}", "TrainerConfig.num_eval_environments=1"]
     else:
