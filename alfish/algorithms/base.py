@@ -14,7 +14,7 @@ and ``predict_step(time_step, epsilon_greedy)`` for evaluation and play.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import gymnasium as gym
 import torch
@@ -28,6 +28,9 @@ class Algorithm(nn.Module):
 
     #: True for algorithms that train on the trajectory they just unrolled (with gradients), e.g. A2C.
     on_policy: bool = False
+    #: Submodules ``rollout_step`` reads (e.g. ``("actor",)``); async unroll ships only their tensors to its child
+    #: process. ``None``: all of the algorithm's state.
+    rollout_module_names: Optional[tuple[str, ...]] = None
 
     def predict_step(self, time_step: TimeStep, state: Any = (), epsilon_greedy: float = 0.0) -> AlgStep:
         raise NotImplementedError

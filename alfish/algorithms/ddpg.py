@@ -61,6 +61,8 @@ class DdpgAlgorithm(OffPolicyAlgorithm):
         policy_delay: optimizer steps per actor (and target) update.
     """
 
+    rollout_module_names = ("actor",)  # async unroll ships only these to its child
+
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                  hidden_sizes: Sequence[int] = (256, 256), actor_lr: float | Scheduler = 1e-3,
                  critic_lr: float | Scheduler = 1e-3, gamma: float = 0.99,

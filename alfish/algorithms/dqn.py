@@ -86,6 +86,8 @@ class DqnAlgorithm(OffPolicyAlgorithm):
         huber_loss: smooth L1 (delta 1) on the TD error; False: squared error / 2.
     """
 
+    rollout_module_names = ("q_net",)  # async unroll ships only these to its child
+
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                  hidden_sizes: Sequence[int] = (64, 64), activation: str = "relu", lr: float | Scheduler = 1e-3,
                  gamma: float = 0.99, n_step: int = 1, double_q: bool = True, target_update_period: int = 100,

@@ -46,6 +46,8 @@ class SacAlgorithm(OffPolicyAlgorithm):
         num_critics: ensemble size; the TD target takes the minimum over members.
     """
 
+    rollout_module_names = ("actor",)  # async unroll ships only these to its child
+
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                  hidden_sizes: Sequence[int] = (256, 256), actor_lr: float | Scheduler = 3e-4,
                  critic_lr: float | Scheduler = 3e-4, alpha_lr: float | Scheduler = 3e-4, gamma: float = 0.99,

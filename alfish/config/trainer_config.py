@@ -19,11 +19,6 @@ from alfish.errors import OneLineValueError
 
 # Parameters whose feature is not built yet -> what is missing. Setting one to a non-default value raises.
 NOT_BUILT_YET: dict[str, str] = {
-    "async_unroll": "asynchronous unroll in a child process is not built yet",
-    "max_unroll_length": "only used by asynchronous unroll, which is not built yet",
-    "unroll_queue_size": "only used by asynchronous unroll, which is not built yet",
-    "unroll_step_interval": "only used by asynchronous unroll, which is not built yet",
-    "unroll_parameter_update_period": "only used by asynchronous unroll, which is not built yet",
     "use_rollout_state": "recurrent (stateful) policies are not built yet",
     "no_thread_env_for_conf": "alfish never creates a separate env to show the config",
     "eval_uncertainty": "uncertainty evaluation is not built yet",
@@ -70,12 +65,17 @@ class TrainerConfig:
         unroll_length: env steps per env per iteration; a fraction < 1 means one step every 1/unroll_length
             iterations.
         unroll_with_grad: keep the autograd graph during unroll (on-policy algorithms that train on the unroll).
-        async_unroll: unroll in a child process feeding a queue while the main process trains (not built yet).
-        max_unroll_length: async unroll: most env steps per env taken in one iteration (not built yet).
-        unroll_queue_size: async unroll: capacity of the queue of unrolled steps (not built yet).
-        unroll_step_interval: async unroll: minimum seconds between two env steps (not built yet).
-        unroll_parameter_update_period: async unroll: iterations between pushes of fresh policy parameters to the
-            unroller (not built yet).
+        async_unroll: step the envs in a child process (with a copy of the rollout policy) feeding a bounded queue
+            while this process trains; off-policy algorithms only. With unroll_length > 0 each iteration takes
+            exactly that many steps per env from the queue (waiting for them); with unroll_length == 0 it takes
+            what has arrived, at most max_unroll_length, and trains even if nothing arrived.
+        max_unroll_length: async unroll with unroll_length == 0: most steps per env taken in one iteration (0: all
+            that have arrived).
+        unroll_queue_size: async unroll: capacity of the queue, in batched env steps; a full queue pauses the child.
+        unroll_step_interval: async unroll: seconds between two env steps (fixed-rate pacing, e.g. a real-time
+            robot); 0: as fast as possible.
+        unroll_parameter_update_period: async unroll: iterations between pushes of fresh rollout-policy parameters
+            (and transformer statistics) to the child.
         use_rollout_state: store the recurrent rollout state with the experience (not built yet).
         temporally_independent_train_step: train_step sees all time steps of a mini-batch at once; None decides
             automatically, True forces it (False needs a recurrent train_step, not built yet).
@@ -206,7 +206,7 @@ class TrainerConfig:
         limits = []
         if self.num_iterations > 0:
             limits.append(int(self.num_iterations))
-        if self.num_env_steps > 0:
+        if self.num_env_steps > 0 and self.unroll_length > 0:
             # The warm-up (initial_collect_steps, rounded up to whole steps of every env) counts towards
             # num_env_steps but takes no iteration.
             warm_up = math.ceil(self.initial_collect_steps / num_envs) * num_envs
@@ -304,9 +304,15 @@ def _range_problems(config: TrainerConfig) -> list[str]:
         (c.num_iterations <= 0 and c.num_env_steps <= 0,
          f"TrainerConfig.num_iterations={c.num_iterations} and TrainerConfig.num_env_steps={c.num_env_steps}: "
          f"set at least one of them > 0 (training stops at whichever is reached first)"),
-        (c.unroll_length <= 0,
+        (c.unroll_length < 0 or (c.unroll_length == 0 and not c.async_unroll),
          f"TrainerConfig.unroll_length={c.unroll_length} must be > 0 (env steps per env per iteration; "
-         f"a fraction < 1 steps every 1/unroll_length iterations)"),
+         f"a fraction < 1 steps every 1/unroll_length iterations; 0 only with async_unroll=True)"),
+        (c.max_unroll_length < 0, f"TrainerConfig.max_unroll_length={c.max_unroll_length} must be >= 0 (0: no limit)"),
+        (c.unroll_queue_size < 1, f"TrainerConfig.unroll_queue_size={c.unroll_queue_size} must be >= 1"),
+        (c.unroll_step_interval < 0,
+         f"TrainerConfig.unroll_step_interval={c.unroll_step_interval} must be >= 0 (seconds between env steps)"),
+        (c.unroll_parameter_update_period < 1,
+         f"TrainerConfig.unroll_parameter_update_period={c.unroll_parameter_update_period} must be >= 1"),
         (c.num_checkpoints < 0, f"TrainerConfig.num_checkpoints={c.num_checkpoints} must be >= 0 (0: no checkpoints)"),
         (c.initial_collect_steps < 0,
          f"TrainerConfig.initial_collect_steps={c.initial_collect_steps} must be >= 0 (env steps before training)"),
@@ -336,6 +342,14 @@ def _cross_field_problems(config: TrainerConfig) -> list[str]:
     c = config
     needed_length = math.ceil(c.unroll_length) + 1 if c.unroll_length > 0 else 0
     checks = [
+        (c.async_unroll and c.unroll_length == 0 and c.num_iterations <= 0,
+         "TrainerConfig.unroll_length=0 with async_unroll=True takes whatever has arrived each iteration, so the "
+         "number of iterations is unknown in advance: set TrainerConfig.num_iterations > 0"),
+        (c.async_unroll and c.unroll_with_grad,
+         "TrainerConfig.async_unroll=True unrolls in another process, so it cannot keep gradients: set "
+         "TrainerConfig.unroll_with_grad=False"),
+        (c.async_unroll and c.unroll_length != int(c.unroll_length),
+         f"TrainerConfig.unroll_length={c.unroll_length} must be a whole number with async_unroll=True"),
         (c.priority_replay and c.whole_replay_buffer_training,
          "TrainerConfig.priority_replay=True samples mini-batches from the buffer, so it needs "
          "TrainerConfig.whole_replay_buffer_training=False"),

@@ -94,3 +94,4 @@ def register_toy_envs() -> None:
 register_toy_envs()
 
 import alfish.envs.bit_flipping  # noqa: E402,F401  (registers alfish/BitFlipping-v0 with the other toys)
+import alfish.envs.latency  # noqa: E402,F401  (registers alfish/Latency-v0)

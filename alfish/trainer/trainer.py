@@ -28,6 +28,7 @@ from alfish.replay.prioritized import PrioritizedSampler
 from alfish.replay.ring_buffer import RingBuffer
 from alfish.schedulers import (as_scheduler, reset_progress, scheduler_summaries, split_lr_schedules,
                                update_optimizer_lrs, update_progress)
+from alfish.trainer.async_unroller import AsyncUnroller, PolicyLag, UnrollSpec, as_time_step, rollout_state
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.evaluator import Evaluator
 from alfish.trainer.metrics import EpisodeStats
@@ -115,6 +116,12 @@ class Trainer:
         elif config.priority_replay:
             raise ValueError(f"TrainerConfig.priority_replay=True needs an off-policy algorithm; "
                              f"{type(self.algorithm).__name__} trains on-policy without replay")
+        if config.async_unroll and self.algorithm.on_policy:
+            raise ValueError(f"TrainerConfig.async_unroll=True needs an off-policy algorithm; "
+                             f"{type(self.algorithm).__name__} trains on-policy on the unroll it just made (with "
+                             "gradients), which another process cannot provide")
+        self.async_unroller: Optional[AsyncUnroller] = None
+        self.policy_lag = PolicyLag()
         num_envs = self.env.num_envs
         self.expected_iterations = config.expected_num_iterations(num_envs)
         self.checkpoint_iterations = set(config.checkpoint_iterations(num_envs))
@@ -153,11 +160,14 @@ class Trainer:
         with SignalRequests() as signals:
             try:
                 self._update_schedules()
+                if self.config.async_unroll:
+                    self._start_async_unroll()
                 self._warm_up()
                 while not self._finished():
                     self._update_schedules()
                     self._train_iteration()
                     self.iteration += 1
+                    self._publish_parameters_when_due()
                     self._after_iteration()
                     progress.update(self.iteration, self.env_steps, self.stats.average_return())
                     if signals.checkpoint_requested:
@@ -176,6 +186,8 @@ class Trainer:
                 self._checkpoint_after_crash(err)
                 raise
             finally:
+                if self.async_unroller is not None:
+                    self.async_unroller.close()
                 progress.close()
                 self.summaries.close()
                 self.env.close()
@@ -220,8 +232,7 @@ class Trainer:
             steps_per_env = max(steps_per_env, refill)
         if steps_per_env > 0:
             start = time.monotonic()
-            self.unroller.unroll(steps_per_env, self._store, with_grad=False)
-            self.env_steps += steps_per_env * self.env.num_envs
+            self._collect(steps_per_env)
             logging.info("collected %d initial env steps in %.1fs", steps_per_env * self.env.num_envs,
                          time.monotonic() - start)
 
@@ -242,9 +253,7 @@ class Trainer:
             self._timing["unroll_s"] = time.monotonic() - start
             self._apply_loss(self.algorithm.calc_loss(trajectory, None))
         else:
-            if steps > 0:
-                self.unroller.unroll(steps, self._store, with_grad=cfg.unroll_with_grad)
-                self.env_steps += steps * self.env.num_envs
+            self._collect(steps)
             self._timing["unroll_s"] = time.monotonic() - start
             if cfg.whole_replay_buffer_training:
                 self._train_on_whole_buffer()
@@ -253,6 +262,42 @@ class Trainer:
                     self._update(*self._sample())
         self._timing["train_s"] = time.monotonic() - start - self._timing["unroll_s"]
         self.algorithm.after_train_iter()
+
+    def _collect(self, steps_per_env: int) -> None:
+        """Unroll ``steps_per_env`` steps of every env into the replay buffer: here, or from the async unroll child
+        (where ``steps_per_env == 0`` takes whatever has arrived, up to ``max_unroll_length``)."""
+        if self.async_unroller is None:
+            if steps_per_env > 0:
+                self.unroller.unroll(steps_per_env, self._store, with_grad=self.config.unroll_with_grad)
+                self.env_steps += steps_per_env * self.env.num_envs
+            return
+        received = self.async_unroller.collect(steps_per_env or None, self.config.max_unroll_length)
+        for step in received:
+            raw = as_time_step(step.experience)
+            self._async_stats_view(raw)  # data transformer statistics (e.g. normalizers) live here, not in the child
+            self.stats.observe(raw)
+            self._store(step.experience)
+        self.env_steps += len(received) * self.env.num_envs
+        self.policy_lag.received(received, self.iteration)
+
+    def _start_async_unroll(self) -> None:
+        cfg = self.config
+        spec = UnrollSpec(config_text=gin.config_str(), root_dir=self.root_dir, seed=self.seed + 7919 * self.iteration,
+                          step_interval_s=cfg.unroll_step_interval, parent_pid=os.getpid())
+        self.async_unroller = AsyncUnroller(spec, rollout_state(self.algorithm, self.transformer),
+                                            cfg.unroll_queue_size)
+        self._async_stats_view = self.transformer.rollout_view(update_stats=True)
+        self._publish_parameters()  # before the child starts: its first action already uses the current policy
+        self.async_unroller.start()
+
+    def _publish_parameters_when_due(self) -> None:
+        if self.async_unroller is not None and self.iteration % self.config.unroll_parameter_update_period == 0:
+            self._publish_parameters()
+
+    def _publish_parameters(self) -> None:
+        progress = (self.iteration, self.env_steps, min(1.0, self.iteration / max(1, self.expected_iterations)))
+        version = self.async_unroller.publish(rollout_state(self.algorithm, self.transformer), progress)
+        self.policy_lag.published(version, self.iteration)
 
     def _train_on_whole_buffer(self) -> None:
         """Epochs of shuffled mini-batches over everything stored; then (optionally) clear all but the newest step
@@ -353,6 +398,8 @@ class Trainer:
                 if p.grad is not None:
                     s.scalar(f"grads/{name}.norm", p.grad.norm(), it)
         s.scalars("schedule", scheduler_summaries(), it)
+        if self.async_unroller is not None:
+            s.scalars("async", self.policy_lag.summary(self.async_unroller.queue_length()), it)
         for group in self.optimizer.param_groups:
             s.scalar(f"optimizer/lr.{group['name']}", group["lr"], it)
 

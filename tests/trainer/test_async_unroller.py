@@ -1,0 +1,185 @@
+"""AsyncUnroller with a real child process (spawn): order and completeness of steps, non-blocking drain, parameter
+updates visible in the child's actions, pacing, and the fault cases (exception, SIGKILL, close) within their bounds.
+"""
+import os
+import signal
+import time
+
+import gin
+import pytest
+import torch
+
+from alfish.config import TrainerConfig, load_conf
+from alfish.data.types import StepType
+from alfish.envs.batched_env import create_environment
+from alfish.trainer.async_unroller import AsyncUnroller, AsyncUnrollError, UnrollSpec, rollout_state
+from alfish.trainer.trainer import build_algorithm
+from alfish.transforms.base import build_transformers
+
+pytestmark = [pytest.mark.timeout(60)]
+
+SAC_POINT_GOAL = """
+create_environment.env_name = 'alfish/PointGoal-v0'
+create_environment.num_parallel_environments = 2
+SacAlgorithm.hidden_sizes = (16,)
+TrainerConfig.algorithm_ctor = @SacAlgorithm
+TrainerConfig.mini_batch_size = 4
+TrainerConfig.mini_batch_length = 2
+"""
+
+DQN_CHAIN = """
+create_environment.env_name = 'alfish/Chain-v0'
+create_environment.num_parallel_environments = 2
+DqnAlgorithm.hidden_sizes = (8,)
+DqnAlgorithm.epsilon_greedy = 0.0
+TrainerConfig.algorithm_ctor = @DqnAlgorithm
+TrainerConfig.mini_batch_size = 4
+TrainerConfig.mini_batch_length = 2
+"""
+
+
+class Rig:
+    """A parent side as the trainer builds it: algorithm and transformers here, the unroller child started."""
+
+    def __init__(self, tmp_path, conf_text, queue_size=50, interval_s=0.0):
+        conf = tmp_path / "conf.gin"
+        conf.write_text(conf_text)
+        load_conf(str(conf))
+        config = TrainerConfig(root_dir=str(tmp_path / "root"))
+        env = create_environment(seed=0)
+        self.transformer = build_transformers(config.data_transformer_ctor, env.observation_space)
+        self.algorithm = build_algorithm(config, env, self.transformer)
+        env.close()
+        spec = UnrollSpec(gin.config_str(), str(tmp_path / "root"), seed=3, step_interval_s=interval_s,
+                          parent_pid=os.getpid())
+        self.unroller = AsyncUnroller(spec, self.state(), queue_size)
+        self.publish()
+        self.unroller.start()
+
+    def state(self):
+        return rollout_state(self.algorithm, self.transformer)
+
+    def publish(self):
+        return self.unroller.publish(self.state(), (0, 0, 0.0))
+
+
+@pytest.fixture
+def rig_factory(tmp_path):
+    rigs = []
+
+    def make(conf_text, **kwargs):
+        rigs.append(Rig(tmp_path, conf_text, **kwargs))
+        return rigs[-1]
+
+    yield make
+    for rig in rigs:
+        rig.unroller.close()
+    gin.clear_config()
+
+
+def test_steps_arrive_complete_and_in_order_per_env(rig_factory):
+    rig = rig_factory(SAC_POINT_GOAL)
+    steps = rig.unroller.collect(45)
+    assert len(steps) == 45
+    step_type = torch.stack([s.experience.step_type for s in steps])  # [T, B]
+    obs = torch.stack([s.experience.observation[:, 0] for s in steps])
+    action = torch.stack([s.experience.action[:, 0] for s in steps])
+    assert torch.equal(steps[0].experience.env_id, torch.arange(2))
+    # PointGoal: FIRST, 9 MID, LAST (the 10-step time limit), then FIRST again, for both envs
+    expected = ([StepType.FIRST] + [StepType.MID] * 9 + [StepType.LAST]) * 5
+    assert step_type.T.tolist() == [expected[:45]] * 2
+    # every step follows from the previous one and the action taken there: x' = clip(x + 0.25 a)
+    for t in range(44):
+        if int(step_type[t + 1, 0]) == StepType.FIRST:
+            continue
+        predicted = (obs[t] + 0.25 * action[t].clamp(-1, 1)).clamp(-2, 2)
+        assert torch.allclose(obs[t + 1], predicted, atol=1e-5), t
+
+
+def test_collect_without_a_count_drains_what_arrived_without_blocking(rig_factory):
+    rig = rig_factory(SAC_POINT_GOAL, interval_s=0.05)
+    seen, calls = 0, 0
+    deadline = time.monotonic() + 20
+    while seen < 10 and time.monotonic() < deadline:
+        start = time.monotonic()
+        got = rig.unroller.collect(None, max_steps=3)
+        assert time.monotonic() - start < 0.1  # never waits for steps
+        assert len(got) <= 3
+        seen += len(got)
+        calls += 1
+        time.sleep(0.1)
+    assert seen >= 10 and calls > 3
+
+
+def _last_linear(module):
+    return [m for m in module.modules() if isinstance(m, torch.nn.Linear)][-1]
+
+
+def test_child_acts_with_new_parameters_after_they_are_published(rig_factory):
+    rig = rig_factory(DQN_CHAIN, queue_size=4)
+    head = _last_linear(rig.algorithm.q_net)
+    with torch.no_grad():
+        head.weight.zero_()
+        head.bias.copy_(torch.tensor([0.0, 5.0]))  # always "right"
+    first = rig.publish()
+    before = rig.unroller.collect(20)
+    with torch.no_grad():
+        head.bias.copy_(torch.tensor([5.0, 0.0]))  # always "left"
+    second = rig.publish()
+    after = rig.unroller.collect(40)
+    by_version = {}
+    for s in before + after:
+        if int(s.experience.step_type[0]) != StepType.LAST:  # the action at LAST is ignored by the env anyway
+            by_version.setdefault(s.version, set()).update(s.experience.action.tolist())
+    assert by_version[first] == {1}
+    assert by_version[second] == {0}  # the new version was in use within at most a queue's worth of steps
+    assert all(s.version == second for s in after[10:])
+
+
+def test_pacing_holds_the_step_interval(rig_factory):
+    rig = rig_factory(SAC_POINT_GOAL, queue_size=100, interval_s=0.05)
+    rig.unroller.collect(1)
+    start = time.monotonic()
+    rig.unroller.collect(30)
+    per_step = (time.monotonic() - start) / 30
+    assert 0.05 * 0.85 < per_step < 0.05 * 1.3, per_step
+
+
+def test_exception_in_the_child_reaches_the_parent_with_its_traceback(rig_factory):
+    rig = rig_factory(SAC_POINT_GOAL.replace("'alfish/PointGoal-v0'", "'alfish/Latency-v0'") + """
+create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latency_s': 0.0, 'raise_at_step': 7}
+""")
+    start = time.monotonic()
+    with pytest.raises(AsyncUnrollError) as info:
+        rig.unroller.collect(1000)
+    assert time.monotonic() - start < 10
+    message = str(info.value)
+    assert "the async unroll child (pid" in message and "failed:" in message
+    assert "Traceback" in message and "injected failure at step 7" in message
+
+
+def test_killed_child_is_reported_with_signal_and_pid_and_close_leaves_no_process(rig_factory):
+    rig = rig_factory(SAC_POINT_GOAL)
+    rig.unroller.collect(5)
+    pid = rig.unroller.process.pid
+    os.kill(pid, signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(AsyncUnrollError, match=rf"the async unroll child \(pid {pid}\) was killed by signal SIGKILL"):
+        while True:
+            rig.unroller.collect(10)
+    assert time.monotonic() - start < 10
+    rig.unroller.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_close_stops_a_child_blocked_on_a_full_queue(rig_factory):
+    rig = rig_factory(SAC_POINT_GOAL, queue_size=2)
+    rig.unroller.collect(1)
+    time.sleep(1.0)  # the child fills the queue and waits on it
+    pid = rig.unroller.process.pid
+    start = time.monotonic()
+    rig.unroller.close()
+    assert time.monotonic() - start < 5
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
