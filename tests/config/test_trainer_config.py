@@ -107,8 +107,36 @@ def test_not_built_yet_parameter_raises_when_set(name):
 
 def test_not_built_yet_lists_the_unbuilt_features():
     assert set(NOT_BUILT_YET) <= set(ALF_DEFAULTS)
-    assert {'async_unroll', 'enable_amp', 'offline_buffer_dir'} <= set(NOT_BUILT_YET)
-    assert not {'priority_replay', 'priority_replay_alpha', 'priority_replay_beta'} & set(NOT_BUILT_YET)  # built
+    assert {'enable_amp', 'offline_buffer_dir'} <= set(NOT_BUILT_YET)
+    built = {'priority_replay', 'priority_replay_alpha', 'priority_replay_beta', 'async_unroll', 'max_unroll_length',
+             'unroll_queue_size', 'unroll_step_interval', 'unroll_parameter_update_period'}
+    assert not built & set(NOT_BUILT_YET)
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(unroll_length=0),
+     "TrainerConfig.unroll_length=0 must be > 0 (env steps per env per iteration; a fraction < 1 steps every "
+     "1/unroll_length iterations; 0 only with async_unroll=True)"),
+    (dict(async_unroll=True, unroll_length=0, num_iterations=0, num_env_steps=1000),
+     "TrainerConfig.unroll_length=0 with async_unroll=True takes whatever has arrived each iteration, so the number "
+     "of iterations is unknown in advance: set TrainerConfig.num_iterations > 0"),
+    (dict(async_unroll=True, unroll_with_grad=True),
+     "TrainerConfig.async_unroll=True unrolls in another process, so it cannot keep gradients: set "
+     "TrainerConfig.unroll_with_grad=False"),
+    (dict(async_unroll=True, unroll_length=0.5),
+     "TrainerConfig.unroll_length=0.5 must be a whole number with async_unroll=True"),
+    (dict(unroll_queue_size=0), "TrainerConfig.unroll_queue_size=0 must be >= 1"),
+    (dict(unroll_step_interval=-1), "TrainerConfig.unroll_step_interval=-1 must be >= 0 (seconds between env steps)"),
+    (dict(unroll_parameter_update_period=0), "TrainerConfig.unroll_parameter_update_period=0 must be >= 1"),
+    (dict(max_unroll_length=-2), "TrainerConfig.max_unroll_length=-2 must be >= 0 (0: no limit)"),
+])
+def test_async_unroll_parameters_are_checked(overrides, message):
+    assert error_of(**overrides) == message
+
+
+def test_async_unroll_with_unroll_length_zero_counts_iterations():
+    config = make(async_unroll=True, unroll_length=0, num_iterations=50, num_env_steps=10_000)
+    assert config.expected_num_iterations(4) == 50
 
 
 def test_ml_type_other_than_rl_raises():
@@ -128,9 +156,6 @@ def test_temporally_dependent_train_step_raises():
     (dict(num_iterations=0, num_env_steps=0),
      "TrainerConfig.num_iterations=0 and TrainerConfig.num_env_steps=0: set at least one of them > 0 "
      "(training stops at whichever is reached first)"),
-    (dict(unroll_length=0),
-     "TrainerConfig.unroll_length=0 must be > 0 (env steps per env per iteration; "
-     "a fraction < 1 steps every 1/unroll_length iterations)"),
     (dict(algorithm_ctor=None),
      "TrainerConfig.algorithm_ctor is not set; set it in the conf, e.g. TrainerConfig.algorithm_ctor=@SacAlgorithm"),
     (dict(num_checkpoints=-1), "TrainerConfig.num_checkpoints=-1 must be >= 0 (0: no checkpoints)"),

@@ -1,0 +1,129 @@
+"""Async unroll through the Trainer: a short async SAC run learns the tiny env and reports queue and lag; an
+on-policy algorithm is refused; and, through ``python -m alfish.bin.train`` in real subprocesses, a SIGKILLed child
+ends the job with a clear error, and a killed or stopped trainer takes its child with it. Nothing is left behind."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from .inprocess import OFF_POLICY_POINT_GOAL, REPO, eval_log, run_trainer_from_text, tb_scalars
+from .test_learning import SAC_POINT_GOAL
+
+ASYNC = """
+TrainerConfig.async_unroll = True
+TrainerConfig.unroll_parameter_update_period = 1
+TrainerConfig.unroll_queue_size = 8
+Trainer.num_threads = 1
+"""
+
+# A slow env, so the run lasts until the test stops it.
+SLOW_POINT_GOAL = OFF_POLICY_POINT_GOAL.replace("'alfish/PointGoal-v0'", "'alfish/Latency-v0'") + """
+create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latency_s': 0.01}
+SacAlgorithm.hidden_sizes = (16,)
+TrainerConfig.algorithm_ctor = @SacAlgorithm
+TrainerConfig.num_env_steps = 1000000
+TrainerConfig.evaluate = False
+TrainerConfig.num_checkpoints = 1
+""" + ASYNC
+
+
+def shm_entries() -> set:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def unroll_children(pid: int) -> list:
+    try:
+        return [p for p in psutil.Process(pid).children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+@pytest.mark.learning
+@pytest.mark.timeout(120)
+def test_short_async_sac_run_learns_point_goal_and_reports_lag(tmp_path):
+    shm_before = shm_entries()
+    root = run_trainer_from_text(tmp_path, SAC_POINT_GOAL + ASYNC)
+    result = [r["average_return"] for r in eval_log(root)]
+    assert max(result[-3:]) >= -1.0, result  # optimum -0.9; a random policy gets about -6
+    scalars = tb_scalars(root)
+    for tag in ("async/queue_length", "async/steps_received", "async/env_step_ms", "async/policy_lag_versions",
+                "async/policy_lag_iterations"):
+        assert tag in scalars, sorted(scalars)
+    assert all(v == 1.0 for _, v in scalars["async/steps_received"])  # unroll_length 1: one step per iteration
+    lags = [v for _, v in scalars["async/policy_lag_versions"]]
+    assert 0 <= min(lags) and max(lags) <= 8 + 2  # at most a queue's worth of steps (plus the one in flight)
+    assert not unroll_children(os.getpid())
+    assert shm_entries() <= shm_before
+
+
+@pytest.mark.timeout(60)
+def test_async_unroll_with_an_on_policy_algorithm_is_a_clear_error(tmp_path):
+    conf = (REPO / "confs" / "a2c_cartpole.gin").read_text() + "\nTrainerConfig.async_unroll = True\n"
+    with pytest.raises(ValueError, match="TrainerConfig.async_unroll=True needs an off-policy algorithm; "
+                                         "A2cAlgorithm trains on-policy"):
+        run_trainer_from_text(tmp_path, conf)
+
+
+def start_training(tmp_path):
+    conf = tmp_path / "slow.gin"
+    conf.write_text(SLOW_POINT_GOAL)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "alfish.bin.train", "--conf", str(conf), "--root_dir",
+                             str(tmp_path / "root")], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        children = unroll_children(proc.pid)
+        if children and (tmp_path / "root" / "tb").exists():
+            time.sleep(2.0)  # let it train a little
+            return proc, children[0].pid
+        time.sleep(0.2)
+    proc.kill()
+    raise AssertionError(f"no async unroll child appeared: {proc.communicate()[1][-3000:]}")
+
+
+def wait_gone(pid: int, timeout_s: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+            return time.monotonic() - start
+        time.sleep(0.1)
+    raise AssertionError(f"process {pid} still alive after {timeout_s} s")
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(120)
+def test_sigkilled_child_ends_the_job_with_the_signal_and_pid(tmp_path):
+    proc, child = start_training(tmp_path)
+    os.kill(child, signal.SIGKILL)
+    start = time.monotonic()
+    _, stderr = proc.communicate(timeout=30)
+    assert time.monotonic() - start < 10
+    assert proc.returncode != 0
+    assert f"the async unroll child (pid {child}) was killed by signal SIGKILL" in stderr, stderr[-3000:]
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(120)
+def test_killed_trainer_takes_its_child_with_it(tmp_path):
+    proc, child = start_training(tmp_path)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert wait_gone(child, 10) < 10
+
+
+@pytest.mark.cli
+@pytest.mark.timeout(120)
+def test_sigterm_writes_a_checkpoint_and_stops_the_child(tmp_path):
+    shm_before = shm_entries()
+    proc, child = start_training(tmp_path)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, stderr[-3000:]
+    assert "checkpoint written" in stderr
+    assert wait_gone(child, 10) < 10
+    assert shm_entries() <= shm_before
