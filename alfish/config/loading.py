@@ -207,11 +207,28 @@ def _include_search_path(directory: str) -> Iterator[None]:
     added = bool(directory) and directory not in prefixes
     if added:
         gin.add_config_file_search_path(directory)
+    # gin logs "Path not found" on the root logger for every search location an include is not in, even when a later
+    # one has it; drop those records (a missing include is our own one-line error), and keep a handler on the root
+    # logger meanwhile so that logging does not install its default stderr handler for them.
+    root = logging.getLogger()
+    quiet = _DropGinPathProbes()
+    placeholder = logging.NullHandler() if not root.handlers else None
+    root.addFilter(quiet)
+    if placeholder is not None:
+        root.addHandler(placeholder)
     try:
         yield
     finally:
+        root.removeFilter(quiet)
+        if placeholder is not None:
+            root.removeHandler(placeholder)
         if added:
             prefixes.remove(directory)
+
+
+class _DropGinPathProbes(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.pathname.replace("\\", "/").endswith("gin/resource_reader.py")
 
 
 def _parse_sources(sources: Sequence[_Source]) -> None:

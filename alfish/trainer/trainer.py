@@ -412,8 +412,8 @@ class Trainer:
                                             num_episodes=result.num_episodes), it)
         self.summaries.scalar("eval_vs_env_steps/average_return", result.average_return, self.env_steps)
         record = dict(iteration=it, env_steps=self.env_steps, elapsed_s=round(self._elapsed_s(), 3),
-                      average_return=result.average_return, average_episode_length=result.average_length,
-                      num_episodes=result.num_episodes)
+                      eval_s=round(time.monotonic() - start, 3), average_return=result.average_return,
+                      average_episode_length=result.average_length, num_episodes=result.num_episodes)
         with open(os.path.join(self.root_dir, "eval_log.jsonl"), "a") as f:
             f.write(json.dumps(record) + "\n")
         logging.info("eval at iteration %d (env steps %d): return %.2f, length %.1f over %d episodes (%.1fs)",

@@ -45,13 +45,17 @@ SHRINK = {
                           "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
     "ddpg_pendulum.gin": (["TrainerConfig.num_env_steps=150", "TrainerConfig.initial_collect_steps=100",
                            "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
+    # as sac_pendulum.gin, with async unroll (the child is restarted on resume) and a 5 ms env-step latency
+    "sac_pendulum_realtime.gin": (["TrainerConfig.num_env_steps=150", "TrainerConfig.initial_collect_steps=100",
+                                   "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
     # 80 warm-up steps (10 per env) + 8 envs x 10 steps per iteration: 240 env steps = 2 iterations, 400 = 4.
     "dqn_her_bitflip.gin": (["TrainerConfig.num_env_steps=240", "TrainerConfig.initial_collect_steps=80",
                              "TrainerConfig.eval_interval=1"] + EVAL_SMALL, 400),
 }
 EPISODE_LIMIT = {"sac_pendulum.gin": 200, "ppo_cartpole.gin": 500, "a2c_cartpole.gin": 500,
                  "ppo_cartpole_normalized.gin": 500, "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
-                 "ddpg_pendulum.gin": 200, "dqn_her_bitflip.gin": 10}
+                 "ddpg_pendulum.gin": 200, "dqn_her_bitflip.gin": 10,
+                 "sac_pendulum_realtime.gin": 200}
 
 
 def test_every_shipped_conf_is_exercised_here():
@@ -129,7 +133,7 @@ def test_conf_trains_checkpoints_resumes_and_plays(tmp_path, conf):
     assert len(episodes) == 1, proc.stdout
     length = int(episodes[0][1])
     assert 1 <= length <= EPISODE_LIMIT[conf]
-    if conf == "sac_pendulum.gin":
+    if conf in ("sac_pendulum.gin", "sac_pendulum_realtime.gin"):
         assert length == 200  # Pendulum only ends by its time limit
     assert f"ckpt-{final}" in proc.stdout
     assert gif.is_file() and gif.stat().st_size > 0
