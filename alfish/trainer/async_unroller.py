@@ -252,10 +252,20 @@ def _child_main(spec: UnrollSpec, shared: SharedState, steps: Any, errors: Any, 
                     break
     except BaseException:  # noqa: BLE001  (everything, including KeyboardInterrupt, goes to the parent)
         errors.put(traceback.format_exc())
-    finally:
-        steps.cancel_join_thread()  # never block exit on a queue nobody reads any more
-        if env is not None:
+        exit_code = 1
+    else:
+        exit_code = 0
+    steps.cancel_join_thread()  # never block exit on a queue nobody reads any more
+    if env is not None:
+        try:
             env.close()
+        except Exception:  # noqa: BLE001  (exiting anyway)
+            pass
+    errors.close()
+    errors.join_thread()  # the traceback must reach the pipe before we exit
+    # Skip interpreter teardown: C++ thread pools torn down at exit can abort ("terminate called without an active
+    # exception") and turn a clean exit into SIGABRT.
+    os._exit(exit_code)
 
 
 def _build(spec: UnrollSpec) -> tuple[Any, Any, Any]:
