@@ -31,6 +31,8 @@ class Algorithm(nn.Module):
     #: Submodules ``rollout_step`` reads (e.g. ``("actor",)``); async unroll ships only their tensors to its child
     #: process. ``None``: all of the algorithm's state.
     rollout_module_names: Optional[tuple[str, ...]] = None
+    #: True when some updates leave parameters out of the loss (TD3's delayed actor); DDP must then look for them.
+    skips_parameters_in_some_updates: bool = False
 
     def predict_step(self, time_step: TimeStep, state: Any = (), epsilon_greedy: float = 0.0) -> AlgStep:
         raise NotImplementedError

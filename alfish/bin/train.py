@@ -25,12 +25,23 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def process_rank() -> int:
+    """This process's rank in a torchrun job (0 when not launched by torchrun)."""
+    return int(os.environ.get("RANK", "0"))
+
+
 def setup_logging(root_dir: str) -> None:
+    """Log to stderr; rank 0 also to root_dir/log.txt (other ranks of a torchrun job prefix their lines)."""
     os.makedirs(root_dir, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S")
+    rank = process_rank()
+    prefix = f"[rank {rank}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
+    fmt = logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    for handler in (logging.StreamHandler(sys.stderr), logging.FileHandler(os.path.join(root_dir, "log.txt"))):
+    handlers = [logging.StreamHandler(sys.stderr)]
+    if rank == 0:
+        handlers.append(logging.FileHandler(os.path.join(root_dir, "log.txt")))
+    for handler in handlers:
         handler.setFormatter(fmt)
         root.addHandler(handler)
 
@@ -52,7 +63,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # e.g. a bad algorithm hyperparameter or an unknown env id; gin appends "In call to configurable ..." lines.
         logging.error("could not build the experiment: %s", " ".join(str(err).split()))
         return 2
-    write_config_record(args.root_dir)  # logs a warning for each binding that was set but never used
+    if process_rank() == 0:
+        write_config_record(args.root_dir)  # logs a warning for each binding that was set but never used
     return trainer.run()
 
 

@@ -22,9 +22,7 @@ NOT_BUILT_YET: dict[str, str] = {
     "use_rollout_state": "recurrent (stateful) policies are not built yet",
     "no_thread_env_for_conf": "alfish never creates a separate env to show the config",
     "eval_uncertainty": "uncertainty evaluation is not built yet",
-    "ddp_paras_check_interval": "the DDP parameter consistency check is not built yet",
     "profiling": "the profiler integration is not built yet",
-    "enable_amp": "mixed-precision (AMP) training is not built yet",
     "code_snapshots": "code snapshots into root_dir are not built yet",
     "summarize_gradient_noise_scale": "the gradient-noise-scale summary is not built yet",
     "summarize_action_distributions": "action distribution summaries are not built yet",
@@ -34,7 +32,6 @@ NOT_BUILT_YET: dict[str, str] = {
     "offline_buffer_length": "offline / hybrid training is not built yet",
     "rl_train_after_update_steps": "offline / hybrid training is not built yet",
     "rl_train_every_update_steps": "offline / hybrid training is not built yet",
-    "empty_cache": "emptying the CUDA cache every iteration is not built yet",
 }
 
 
@@ -90,7 +87,8 @@ class TrainerConfig:
         num_eval_episodes: episodes per evaluation, summed over the eval envs.
         num_eval_environments: number of parallel eval envs.
         async_eval: run evaluation in a child process so training does not wait for it.
-        ddp_paras_check_interval: iterations between checks that DDP ranks hold equal parameters (not built yet).
+        ddp_paras_check_interval: iterations between checks that DDP ranks hold equal parameters (0: never); a
+            mismatch is an error naming the first differing parameter.
         num_summaries: number of summary writes over the run; when set it overrides summary_interval.
         summary_interval: iterations between two summary writes.
         summarize_first_interval: write summaries at every iteration of the first summary interval.
@@ -101,7 +99,8 @@ class TrainerConfig:
         metric_min_buffer_size: episodes kept in the buffer that averages episodic metrics (return, length).
         debug_summaries: write extra summaries useful to debug the algorithm (costs host syncs).
         profiling: profile the training loop (not built yet).
-        enable_amp: mixed-precision training with autocast and a gradient scaler (not built yet).
+        enable_amp: mixed-precision training: the loss under torch.autocast (bf16 on CPU; fp16 with a gradient
+            scaler on CUDA; AmpPolicy.dtype chooses).
         code_snapshots: source files to copy into root_dir (not built yet).
         summarize_grads_and_vars: write norms/histograms of parameters and their gradients.
         summarize_gradient_noise_scale: write the gradient noise scale (not built yet).
@@ -122,7 +121,7 @@ class TrainerConfig:
         offline_buffer_length: steps loaded from the offline buffer (not built yet).
         rl_train_after_update_steps: hybrid training: updates before RL training starts (not built yet).
         rl_train_every_update_steps: hybrid training: RL training every so many updates (not built yet).
-        empty_cache: call torch.cuda.empty_cache() every iteration (not built yet).
+        empty_cache: call torch.cuda.empty_cache() every iteration (no effect without CUDA).
         normalize_importance_weights_by_max: prioritized replay: divide the importance weights by their max in the
             batch (ALF's meaning); False keeps (N * P(i)) ** -beta.
         clear_replay_buffer: with whole_replay_buffer_training, clear the buffer after each iteration.
@@ -307,6 +306,8 @@ def _range_problems(config: TrainerConfig) -> list[str]:
         (c.unroll_length < 0 or (c.unroll_length == 0 and not c.async_unroll),
          f"TrainerConfig.unroll_length={c.unroll_length} must be > 0 (env steps per env per iteration; "
          f"a fraction < 1 steps every 1/unroll_length iterations; 0 only with async_unroll=True)"),
+        (c.ddp_paras_check_interval < 0,
+         f"TrainerConfig.ddp_paras_check_interval={c.ddp_paras_check_interval} must be >= 0 (iterations; 0: never)"),
         (c.max_unroll_length < 0, f"TrainerConfig.max_unroll_length={c.max_unroll_length} must be >= 0 (0: no limit)"),
         (c.unroll_queue_size < 1, f"TrainerConfig.unroll_queue_size={c.unroll_queue_size} must be >= 1"),
         (c.unroll_step_interval < 0,

@@ -43,3 +43,22 @@ class Summaries:
 
     def close(self) -> None:
         self.writer.close()
+
+
+class NullSummaries:
+    """What ranks other than 0 get: never due, writes nothing."""
+
+    def is_due(self, iteration: int) -> bool:
+        return False
+
+    def scalar(self, tag: str, value: float | torch.Tensor, step: int) -> None:
+        pass
+
+    def scalars(self, prefix: str, values: Mapping[str, float | torch.Tensor], step: int) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

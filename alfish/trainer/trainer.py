@@ -11,6 +11,7 @@ import logging
 import math
 import os
 import random
+import signal
 import sys
 import time
 from typing import Optional
@@ -28,19 +29,23 @@ from alfish.replay.prioritized import PrioritizedSampler
 from alfish.replay.ring_buffer import RingBuffer
 from alfish.schedulers import (as_scheduler, reset_progress, scheduler_summaries, split_lr_schedules,
                                update_optimizer_lrs, update_progress)
+from alfish.trainer.amp import AmpPolicy
 from alfish.trainer.async_unroller import AsyncUnroller, PolicyLag, UnrollSpec, as_time_step, rollout_state
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
+from alfish.trainer.distributed import (allreduce_gradients, any_rank, broadcast_object, check_parameters_equal,
+                                       bind_envs_per_rank, init_distributed, shutdown, split_total, wrap_for_ddp)
 from alfish.trainer.evaluator import Evaluator
 from alfish.trainer.metrics import EpisodeStats
 from alfish.trainer.optim import OptimizerConfig
 from alfish.trainer.progress import Progress
 from alfish.trainer.rng import capture_rng_state, restore_rng_state
 from alfish.trainer.signals import SignalRequests, confirm_checkpoint_on_crash
-from alfish.trainer.summary import Summaries
+from alfish.trainer.summary import NullSummaries, Summaries
 from alfish.trainer.unroller import Unroller
 from alfish.transforms.base import DataTransformer, build_transformers
 
 EVAL_SEED_OFFSET = 1_000_003  # eval envs never share seeds with training envs
+RANK_SEED_OFFSET = 10_007  # each DDP rank's envs and sampling get their own seeds
 
 
 class NonFiniteLossError(RuntimeError):
@@ -87,13 +92,21 @@ class Trainer:
         self.progress_log_interval_s = progress_log_interval_s
         if num_threads is not None:
             torch.set_num_threads(num_threads)
+        self.dist = init_distributed()
         os.makedirs(self.root_dir, exist_ok=True)
         self.checkpointer = Checkpointer(os.path.join(self.root_dir, "checkpoints"))
-        self._resume_from: Optional[LoadedCheckpoint] = self.checkpointer.load_latest()
-        self.seed = self._choose_seed()
-        seed_everything(self.seed)
+        self._resume_from: Optional[LoadedCheckpoint] = self.checkpointer.load_latest()  # every rank, same one
+        self.seed = int(broadcast_object(self._choose_seed(), self.dist))
+        self.rank_seed = self.seed + RANK_SEED_OFFSET * self.dist.rank
+        seed_everything(self.rank_seed)
 
-        self.env = create_environment(seed=self.seed)
+        if self.dist.enabled:  # job totals, split across the ranks
+            bind_envs_per_rank(self.dist)
+        self.env = create_environment(seed=self.rank_seed)
+        self.total_envs = self.env.num_envs * self.dist.world_size
+        self.mini_batch_size = config.mini_batch_size
+        if self.dist.enabled and config.mini_batch_size is not None:
+            self.mini_batch_size = split_total(config.mini_batch_size, self.dist, "TrainerConfig.mini_batch_size")
         self.transformer = build_transformers(config.data_transformer_ctor, self.env.observation_space)
         self.algorithm = build_algorithm(config, self.env, self.transformer)
         self.optimizer_config = OptimizerConfig()
@@ -101,6 +114,8 @@ class Trainer:
         groups, self.lr_schedules = split_lr_schedules(self.algorithm.param_groups())
         self.optimizer = self.optimizer_config.build(groups)
         self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.loss_module = wrap_for_ddp(self.algorithm, self.dist)  # forward = the loss of a batch
+        self.amp = AmpPolicy(config.enable_amp)
         self.stats = EpisodeStats(self.env.num_envs)
         self.replay: Optional[RingBuffer] = None
         self.prioritized: Optional[PrioritizedSampler] = None
@@ -122,15 +137,17 @@ class Trainer:
                              "gradients), which another process cannot provide")
         self.async_unroller: Optional[AsyncUnroller] = None
         self.policy_lag = PolicyLag()
-        num_envs = self.env.num_envs
+        num_envs = self.total_envs
         self.expected_iterations = config.expected_num_iterations(num_envs)
         self.checkpoint_iterations = set(config.checkpoint_iterations(num_envs))
         self.eval_interval = config.resolved_eval_interval(num_envs)
-        self.summaries = Summaries(self.root_dir, config.resolved_summary_interval(num_envs),
-                                   config.summarize_first_interval, config.summaries_flush_secs,
-                                   config.summary_max_queue)
+        self.summaries = NullSummaries()  # rank 0 alone writes files
+        if self.dist.is_main:
+            self.summaries = Summaries(self.root_dir, config.resolved_summary_interval(num_envs),
+                                       config.summarize_first_interval, config.summaries_flush_secs,
+                                       config.summary_max_queue)
         self.evaluator: Optional[Evaluator] = None
-        if config.evaluate:
+        if config.evaluate and self.dist.is_main:
             if config.async_eval:
                 logging.info("async_eval=True: asynchronous evaluation is not built yet; evaluating synchronously")
             eval_seed = self.seed + EVAL_SEED_OFFSET
@@ -155,7 +172,8 @@ class Trainer:
         if self._resume_from is not None:
             self._restore(self._resume_from)
             self._resume_from = None
-        progress = Progress(self.expected_iterations, self.iteration, self.progress_log_interval_s)
+        progress = Progress(self.expected_iterations, self.iteration,
+                            self.progress_log_interval_s if self.dist.is_main else math.inf)
         reset_progress()
         with SignalRequests() as signals:
             try:
@@ -170,14 +188,16 @@ class Trainer:
                     self._publish_parameters_when_due()
                     self._after_iteration()
                     progress.update(self.iteration, self.env_steps, self.stats.average_return())
-                    if signals.checkpoint_requested:
+                    # Ranks act on a signal together (a signal reaches them at slightly different iterations).
+                    if any_rank(signals.checkpoint_requested, self.dist):
                         signals.clear_checkpoint_request()  # before saving: a SIGUSR2 during the save is kept
                         self.save_checkpoint()
-                    if signals.stop_requested:
+                    if any_rank(signals.stop_requested, self.dist):
                         self.save_checkpoint()
                         logging.warning("stopped by signal %s at iteration %d; checkpoint written, rerun the same "
                                         "command to resume", signals.stop_signal, self.iteration)
-                        return signals.exit_code()
+                        # a rank stopped because another one was signalled exits as if it had been sent SIGTERM
+                        return signals.exit_code() or 128 + int(signal.SIGTERM)
                 if self.evaluator is not None and self.iteration % self.eval_interval != 0:
                     self._evaluate()  # always end with an evaluation of the final policy
                 if self.config.num_checkpoints > 0 and self.iteration not in self.checkpoint_iterations:
@@ -193,6 +213,7 @@ class Trainer:
                 self.env.close()
                 if self.evaluator is not None:
                     self.evaluator.env.close()
+                shutdown(self.dist)
         logging.info("training finished: %d iterations, %d env steps", self.iteration, self.env_steps)
         return 0
 
@@ -221,19 +242,19 @@ class Trainer:
         warm_up_target = cfg.initial_collect_steps
         if cfg.num_env_steps > 0:  # never collect past the run's own budget
             warm_up_target = min(warm_up_target, cfg.num_env_steps)
-        steps_per_env = max(0, math.ceil((warm_up_target - self.env_steps) / self.env.num_envs))
+        steps_per_env = max(0, math.ceil((warm_up_target - self.env_steps) / self.total_envs))
         if not cfg.whole_replay_buffer_training:
             # Sampling needs at least one whole sequence per env before the first update.
             steps_per_env = max(steps_per_env, cfg.mini_batch_length - int(self.replay.num_stored().min()))
         if not cfg.whole_replay_buffer_training and self.replay.total_stored() == 0 and self.iteration > 0:
-            refill = max(cfg.mini_batch_length, math.ceil(cfg.mini_batch_size / self.env.num_envs))
+            refill = max(cfg.mini_batch_length, math.ceil(self.mini_batch_size / self.env.num_envs))
             logging.info("resumed without a saved replay buffer: refilling %d steps per env before training "
                          "(set Trainer.save_replay_buffer=True to keep the buffer in checkpoints)", refill)
             steps_per_env = max(steps_per_env, refill)
         if steps_per_env > 0:
             start = time.monotonic()
             self._collect(steps_per_env)
-            logging.info("collected %d initial env steps in %.1fs", steps_per_env * self.env.num_envs,
+            logging.info("collected %d initial env steps in %.1fs", steps_per_env * self.total_envs,
                          time.monotonic() - start)
 
     def _steps_this_iteration(self) -> int:
@@ -249,9 +270,11 @@ class Trainer:
         start = time.monotonic()
         if self.algorithm.on_policy:
             trajectory = self.unroller.unroll_on_policy(steps)
-            self.env_steps += steps * self.env.num_envs
+            self.env_steps += steps * self.total_envs
             self._timing["unroll_s"] = time.monotonic() - start
-            self._apply_loss(self.algorithm.calc_loss(trajectory, None))
+            with self.amp.autocast():
+                loss_info = self.algorithm.calc_loss(trajectory, None)
+            self._apply_loss(loss_info)
         else:
             self._collect(steps)
             self._timing["unroll_s"] = time.monotonic() - start
@@ -269,7 +292,7 @@ class Trainer:
         if self.async_unroller is None:
             if steps_per_env > 0:
                 self.unroller.unroll(steps_per_env, self._store, with_grad=self.config.unroll_with_grad)
-                self.env_steps += steps_per_env * self.env.num_envs
+                self.env_steps += steps_per_env * self.total_envs
             return
         received = self.async_unroller.collect(steps_per_env or None, self.config.max_unroll_length)
         for step in received:
@@ -277,12 +300,13 @@ class Trainer:
             self._async_stats_view(raw)  # data transformer statistics (e.g. normalizers) live here, not in the child
             self.stats.observe(raw)
             self._store(step.experience)
-        self.env_steps += len(received) * self.env.num_envs
+        self.env_steps += len(received) * self.total_envs
         self.policy_lag.received(received, self.iteration)
 
     def _start_async_unroll(self) -> None:
         cfg = self.config
-        spec = UnrollSpec(config_text=gin.config_str(), root_dir=self.root_dir, seed=self.seed + 7919 * self.iteration,
+        spec = UnrollSpec(config_text=gin.config_str(), root_dir=self.root_dir,
+                          seed=self.rank_seed + 7919 * self.iteration,
                           step_interval_s=cfg.unroll_step_interval, parent_pid=os.getpid())
         self.async_unroller = AsyncUnroller(spec, rollout_state(self.algorithm, self.transformer),
                                             cfg.unroll_queue_size)
@@ -307,7 +331,7 @@ class Trainer:
         where = BatchInfo(env_ids=torch.arange(self.replay.num_envs), positions=self.replay.oldest_index())
         exp = self.transformer.transform_experience(self.transformer.transform_sample(raw, where, self.replay))
         exp = self.algorithm.preprocess_experience(exp)
-        batches = WholeBufferBatches(exp, cfg.mini_batch_length or 1, cfg.mini_batch_size)
+        batches = WholeBufferBatches(exp, cfg.mini_batch_length or 1, self.mini_batch_size)
         for _ in range(cfg.num_updates_per_train_iter):
             for batch in batches.epoch():
                 self._update(batch)
@@ -324,16 +348,16 @@ class Trainer:
         """A training batch: time-major ``[L, B]`` experience and where it came from."""
         cfg = self.config
         if self.prioritized is not None:
-            exp, info = self.prioritized.sample_batch(self.replay, cfg.mini_batch_size, self._priority_beta)
+            exp, info = self.prioritized.sample_batch(self.replay, self.mini_batch_size, self._priority_beta)
         else:
-            exp, info = self.replay.sample_uniform(cfg.mini_batch_size, cfg.mini_batch_length)
+            exp, info = self.replay.sample_uniform(self.mini_batch_size, cfg.mini_batch_length)
         exp = self.transformer.transform_sample(exp, info, self.replay)
         return self.transformer.transform_experience(to_time_major(exp)), info
 
     def _update(self, exp: Experience, batch_info: Optional[BatchInfo] = None) -> None:
         """One gradient step on a time-major batch ``[L, B]``."""
-        train_info = self.algorithm.train_step(exp).info
-        loss_info = self.algorithm.calc_loss(exp, train_info)
+        with self.amp.autocast():
+            loss_info = self.loss_module(exp)  # train_step + calc_loss; under DDP, backward all-reduces gradients
         self._apply_loss(loss_info, batch_info)
         if self.prioritized is not None and isinstance(loss_info.priority, torch.Tensor):
             self.prioritized.update_priorities(batch_info.env_ids, batch_info.positions, loss_info.priority)
@@ -350,9 +374,12 @@ class Trainer:
                                      f"{self.num_updates}); terms: {terms}; lower the learning rates or check the "
                                      "env's rewards/observations for NaN/inf")
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        self.amp.backward(loss)
+        if self.algorithm.on_policy:  # its loss was built in the unroll, outside DDP's forward
+            allreduce_gradients(self.params, self.dist)
+        self.amp.unscale(self.optimizer)
         grad_norm = self.optimizer_config.clip(self.params)
-        self.optimizer.step()
+        self.amp.step(self.optimizer)
         self.algorithm.after_update()
         self.num_updates += 1
         self._last_loss = loss_info._replace(loss=loss.detach())
@@ -367,6 +394,12 @@ class Trainer:
             self._evaluate()
         if it in self.checkpoint_iterations:
             self.save_checkpoint()
+        interval = self.config.ddp_paras_check_interval
+        if interval > 0 and it % interval == 0:
+            check_parameters_equal(self.algorithm, self.dist)  # every rank takes part; raises on a mismatch
+            self.summaries.scalar("ddp/parameters_checked", 1.0, it)
+        if self.config.empty_cache and torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def _elapsed_s(self) -> float:
         return self._elapsed_before + time.monotonic() - self._wall_start
@@ -398,6 +431,7 @@ class Trainer:
                 if p.grad is not None:
                     s.scalar(f"grads/{name}.norm", p.grad.norm(), it)
         s.scalars("schedule", scheduler_summaries(), it)
+        s.scalars("amp", self.amp.summary(), it)
         if self.async_unroller is not None:
             s.scalars("async", self.policy_lag.summary(self.async_unroller.queue_length()), it)
         for group in self.optimizer.param_groups:
@@ -420,10 +454,13 @@ class Trainer:
                      it, self.env_steps, result.average_return, result.average_length, result.num_episodes,
                      time.monotonic() - start)
 
-    def save_checkpoint(self) -> str:
+    def save_checkpoint(self) -> Optional[str]:
+        """Write a checkpoint (rank 0 only; the ranks hold the same model). Returns its path."""
+        if not self.dist.is_main:
+            return None
         rng_tensors, rng_meta = capture_rng_state()
         tensors = dict(algorithm=self.algorithm.state_dict(), optimizer=self.optimizer.state_dict(), rng=rng_tensors,
-                       transformers=self.transformer.state_dict())
+                       transformers=self.transformer.state_dict(), amp=self.amp.state_dict())
         if self.save_replay_buffer and self.replay is not None:
             tensors["replay"] = self.replay.state_dict()
             if self.prioritized is not None:
@@ -442,6 +479,8 @@ class Trainer:
         if "transformers" in ckpt.tensors:  # absent in checkpoints written before data transformers existed
             self.transformer.load_state_dict(ckpt.tensors["transformers"])
         self.optimizer.load_state_dict(ckpt.tensors["optimizer"])
+        if "amp" in ckpt.tensors:
+            self.amp.load_state_dict(ckpt.tensors["amp"])
         self.iteration, self.env_steps = meta["iteration"], meta["env_steps"]
         self.num_updates, self._unroll_credit = meta["num_updates"], meta["unroll_credit"]
         self._elapsed_before = meta.get("elapsed_s", 0.0)
@@ -458,8 +497,10 @@ class Trainer:
                 self.prioritized.load_state_dict(ckpt.tensors["priorities"])
             self.replay.truncate_episodes()  # the envs restart below; stored episodes end where they were cut
         # Episodes in flight are not resumable; restart the envs with seeds that depend on the iteration.
-        self.unroller.reset(seed=self.seed + 7919 * self.iteration)
+        self.unroller.reset(seed=self.rank_seed + 7919 * self.iteration)
         restore_rng_state(ckpt.tensors["rng"], meta["rng"])
+        if self.dist.rank > 0:  # the checkpoint holds rank 0's RNG; other ranks continue on streams of their own
+            seed_everything(self.rank_seed + 7919 * self.iteration)
         logging.info("resumed from %s: iteration %d, env steps %d", ckpt.path, self.iteration, self.env_steps)
 
     def _choose_seed(self) -> int:
@@ -472,7 +513,7 @@ class Trainer:
         return seed
 
     def _checkpoint_after_crash(self, err: BaseException) -> None:
-        if self.config.num_checkpoints <= 0 or isinstance(err, NonFiniteLossError):
+        if self.config.num_checkpoints <= 0 or isinstance(err, NonFiniteLossError) or not self.dist.is_main:
             return  # a NaN model is not worth saving over the last good checkpoint
         try:
             if confirm_checkpoint_on_crash(self.config.confirm_checkpoint_upon_crash, sys.stdin):

@@ -107,9 +107,10 @@ def test_not_built_yet_parameter_raises_when_set(name):
 
 def test_not_built_yet_lists_the_unbuilt_features():
     assert set(NOT_BUILT_YET) <= set(ALF_DEFAULTS)
-    assert {'enable_amp', 'offline_buffer_dir'} <= set(NOT_BUILT_YET)
+    assert {'offline_buffer_dir', 'profiling'} <= set(NOT_BUILT_YET)
     built = {'priority_replay', 'priority_replay_alpha', 'priority_replay_beta', 'async_unroll', 'max_unroll_length',
-             'unroll_queue_size', 'unroll_step_interval', 'unroll_parameter_update_period'}
+             'unroll_queue_size', 'unroll_step_interval', 'unroll_parameter_update_period', 'enable_amp',
+             'ddp_paras_check_interval', 'empty_cache'}
     assert not built & set(NOT_BUILT_YET)
 
 
@@ -215,10 +216,10 @@ def test_boundary_values_are_valid(overrides):
 
 
 def test_several_problems_are_numbered_on_one_line():
-    message = error_of(root_dir='', summary_interval=0, enable_amp=True)
+    message = error_of(root_dir='', summary_interval=0, profiling=True)
     assert message == (
         "3 problems in TrainerConfig: "
-        "[1] TrainerConfig.enable_amp=True is not supported yet in alfish (mixed-precision (AMP) training is not "
+        "[1] TrainerConfig.profiling=True is not supported yet in alfish (the profiler integration is not "
         "built yet); remove it from the conf or set it to False. "
         "[2] TrainerConfig.root_dir is empty; pass --root_dir to the train command. "
         "[3] TrainerConfig.summary_interval=0 must be >= 1 (iterations).")

@@ -1,0 +1,174 @@
+"""Data-parallel training across processes launched by ``torchrun`` (DESIGN.md §3.8).
+
+``torchrun`` sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` and the rendezvous address; ``init_distributed`` joins the
+process group from them (``env://``), so multi-node works as torchrun does. Each rank runs its own envs (seeded per
+rank) and its own replay buffer; gradients are averaged across ranks once per update, so all ranks keep identical
+parameters. Job totals (envs, mini-batch size) are split across ranks by ``split_total``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+from typing import Optional, Sequence
+
+import gin
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from alfish.data.types import Experience, LossInfo
+
+
+@dataclasses.dataclass(frozen=True)
+class DistContext:
+    """Where this process sits in the job. ``world_size == 1``: a plain single-process run."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    backend: Optional[str] = None
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone writes summaries, checkpoints and evaluations."""
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+@gin.configurable
+def init_distributed(backend: Optional[str] = None, timeout_s: float = 30.0) -> DistContext:
+    """Join the torchrun job described by the environment, or return a single-process context.
+
+    backend: ``None`` chooses nccl when CUDA is available, else gloo; ``'gloo'`` or ``'nccl'`` override.
+    timeout_s: how long a collective may wait for the other ranks before it fails (a dead or hung rank must end the
+    job quickly, not after torch's default of 30 minutes).
+    """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size <= 1:
+        return DistContext()
+    if torch.cuda.is_available():
+        raise NotImplementedError("multi-GPU training is not built yet (no GPU to test it on); run torchrun on "
+                                  "CPU (CUDA_VISIBLE_DEVICES='') or with one process")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"init_distributed.backend='{backend}' must be 'gloo', 'nccl' or None (automatic)")
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+    logging.info("distributed: rank %d of %d (local rank %d), backend %s, collective timeout %.0f s", rank,
+                 world_size, local_rank, backend, timeout_s)
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)
+
+
+def split_total(total: int, ctx: DistContext, what: str) -> int:
+    """This rank's share of a job total that must divide evenly (envs, mini-batch size)."""
+    if total % ctx.world_size:
+        raise ValueError(f"{what}={total} is the total over the job and must be divisible by the {ctx.world_size} "
+                         f"ranks; set it to a multiple of {ctx.world_size}")
+    return total // ctx.world_size
+
+
+class LossModule(nn.Module):
+    """The module DDP wraps: its forward computes an algorithm's loss on a time-major batch, so the backward of that
+    loss all-reduces the gradients (once per update)."""
+
+    def __init__(self, algorithm: nn.Module):
+        super().__init__()
+        self.algorithm = algorithm
+
+    def forward(self, exp: Experience) -> LossInfo:
+        train_info = self.algorithm.train_step(exp).info
+        return self.algorithm.calc_loss(exp, train_info)
+
+
+def wrap_for_ddp(algorithm: nn.Module, ctx: DistContext) -> nn.Module:
+    """``LossModule(algorithm)``, wrapped in DDP when the job has several ranks.
+
+    DDP broadcasts rank 0's parameters and buffers at construction, so all ranks start equal. Algorithms whose some
+    updates leave parameters out of the loss (TD3's delayed actor) make DDP search the graph for them each update.
+    """
+    module = LossModule(algorithm)
+    if not ctx.enabled:
+        return module
+    find_unused = bool(getattr(algorithm, "skips_parameters_in_some_updates", False))
+    return nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused,
+                                                forward_sync_buffers=False)
+
+
+def allreduce_gradients(params: Sequence[torch.Tensor], ctx: DistContext) -> None:
+    """Average the gradients of ``params`` over the ranks (for the on-policy path, whose loss is built during the
+    unroll rather than in a DDP forward). One flattened all-reduce."""
+    if not ctx.enabled:
+        return
+    grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= ctx.world_size
+    offset = 0
+    for p, g in zip(params, grads):
+        n = g.numel()
+        p.grad = flat[offset:offset + n].view_as(p).clone()
+        offset += n
+
+
+def check_parameters_equal(module: nn.Module, ctx: DistContext) -> None:
+    """Compare per-parameter checksums across ranks; a mismatch is an error naming the first differing parameter."""
+    if not ctx.enabled:
+        return
+    names, sums = [], []
+    for name, p in module.named_parameters():
+        names.append(name)
+        sums.append(p.detach().double().sum() + p.detach().double().abs().sum() * 1e-3)
+    local = torch.stack(sums)
+    gathered = [torch.zeros_like(local) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, local)
+    for other_rank, other in enumerate(gathered):
+        differs = (other != gathered[0]).nonzero()
+        if len(differs):
+            name = names[int(differs[0])]
+            raise RuntimeError(f"DDP ranks hold different parameters: '{name}' differs between rank 0 and rank "
+                               f"{other_rank} (checksums {float(gathered[0][differs[0]])} vs "
+                               f"{float(other[differs[0]])}); were the ranks built from different confs, or did "
+                               "something update parameters outside the optimizer?")
+
+
+def any_rank(flag: bool, ctx: DistContext) -> bool:
+    """True on every rank when ``flag`` is True on any (a stop signal must stop all ranks at the same iteration)."""
+    if not ctx.enabled:
+        return flag
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def bind_envs_per_rank(ctx: DistContext) -> None:
+    """Rebind ``create_environment.num_parallel_environments`` (the job total in the conf) to this rank's share, so
+    everything built from gin on this rank (its envs, an async unroll child) gets the share."""
+    try:
+        total = int(gin.query_parameter("create_environment.num_parallel_environments"))
+    except ValueError:  # not bound: create_environment's default
+        total = 1
+    local = split_total(total, ctx, "create_environment.num_parallel_environments")
+    with gin.unlock_config():
+        gin.bind_parameter("create_environment.num_parallel_environments", local)
+    logging.info("create_environment.num_parallel_environments: %d per rank (job total %d)", local, total)
+
+
+def broadcast_object(obj: object, ctx: DistContext) -> object:
+    """Rank 0's ``obj`` on every rank (e.g. the run's seed)."""
+    if not ctx.enabled:
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,148 @@
+"""Data-parallel training with torchrun on CPU (gloo, two processes): gradients equal a single process on the
+concatenated batch; SAC and PPO end with identical parameters on both ranks and only rank 0 writes; a killed rank
+ends the job quickly with the root cause; the parameter check names a differing parameter."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from tests.trainer.ddp_batches import build_algorithm_and_batch
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+WORKER = os.path.join(REPO, "tests", "trainer", "ddp_worker.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+
+pytestmark = [pytest.mark.timeout(180), pytest.mark.distributed]
+
+SAC = """
+create_environment.env_name = 'alfish/PointGoal-v0'
+create_environment.num_parallel_environments = 2
+SacAlgorithm.hidden_sizes = (16,)
+TrainerConfig.algorithm_ctor = @SacAlgorithm
+Trainer.num_threads = 1
+TrainerConfig.random_seed = 3
+TrainerConfig.num_iterations = 60
+TrainerConfig.unroll_length = 1
+TrainerConfig.initial_collect_steps = 20
+TrainerConfig.whole_replay_buffer_training = False
+TrainerConfig.replay_buffer_length = 1000
+TrainerConfig.mini_batch_size = 16
+TrainerConfig.mini_batch_length = 2
+TrainerConfig.summary_interval = 20
+TrainerConfig.evaluate = True
+TrainerConfig.eval_interval = 30
+TrainerConfig.num_eval_episodes = 1
+TrainerConfig.num_eval_environments = 1
+TrainerConfig.num_checkpoints = 2
+TrainerConfig.ddp_paras_check_interval = 10
+"""
+
+PPO = """
+create_environment.env_name = 'alfish/Chain-v0'
+create_environment.num_parallel_environments = 4
+PpoAlgorithm.hidden_sizes = (16,)
+TrainerConfig.algorithm_ctor = @PpoAlgorithm
+Trainer.num_threads = 1
+TrainerConfig.random_seed = 3
+TrainerConfig.num_iterations = 6
+TrainerConfig.unroll_length = 8
+TrainerConfig.whole_replay_buffer_training = True
+TrainerConfig.clear_replay_buffer = True
+TrainerConfig.replay_buffer_length = 16
+TrainerConfig.mini_batch_size = 8
+TrainerConfig.mini_batch_length = 1
+TrainerConfig.num_updates_per_train_iter = 2
+TrainerConfig.summary_interval = 2
+TrainerConfig.evaluate = True
+TrainerConfig.eval_interval = 3
+TrainerConfig.num_eval_episodes = 1
+TrainerConfig.num_eval_environments = 1
+TrainerConfig.num_checkpoints = 2
+TrainerConfig.ddp_paras_check_interval = 1
+"""
+
+
+def torchrun(*args, timeout=150):
+    return subprocess.run(TORCHRUN + list(args), cwd=REPO, env=ENV, capture_output=True, text=True, timeout=timeout)
+
+
+def check_ok(proc):
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+
+
+@pytest.mark.parametrize("algo", ["dqn", "ddpg"])
+def test_one_ddp_update_gives_the_gradients_of_one_process_on_the_concatenated_batch(tmp_path, algo):
+    check_ok(torchrun(WORKER, "grads", str(tmp_path), algo))
+    algorithm, batch = build_algorithm_and_batch(algo)
+    train_info = algorithm.train_step(batch).info
+    algorithm.calc_loss(batch, train_info).loss.mean().backward()
+    expected = {n: p.grad for n, p in algorithm.named_parameters() if p.grad is not None}
+    assert expected
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"grads-rank{rank}.pt", weights_only=True)
+        assert set(got) == set(expected)
+        for name, grad in expected.items():
+            # float32 sums over the batch in another order: equal to rounding (stated tolerance 1e-6 abs, 1e-5 rel)
+            torch.testing.assert_close(got[name], grad, atol=1e-6, rtol=1e-5, msg=f"rank {rank}: {name}")
+
+
+@pytest.mark.parametrize("conf_text, expected_evals, checkpoints",
+                         [(SAC, 2, ["ckpt-30", "ckpt-60"]), (PPO, 2, ["ckpt-3", "ckpt-6"])], ids=["sac", "ppo"])
+def test_ranks_end_with_identical_parameters_and_only_rank_0_writes(tmp_path, conf_text, expected_evals, checkpoints):
+    conf, root = tmp_path / "conf.gin", tmp_path / "root"
+    conf.write_text(conf_text)
+    proc = torchrun(WORKER, "train", str(tmp_path), str(conf), str(root))
+    check_ok(proc)
+    params = [torch.load(tmp_path / f"params-rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert params[0].keys() == params[1].keys()
+    for name in params[0]:
+        assert torch.equal(params[0][name], params[1][name]), name
+    # written by rank 0 alone: one event file, one evaluation record per evaluation, no rank-1 lines in the log
+    events = [f for _, _, files in os.walk(root / "tb") for f in files if f.startswith("events.out")]
+    assert len(events) == 1, events
+    assert len((root / "eval_log.jsonl").read_text().splitlines()) == expected_evals
+    assert "[rank 1]" not in (root / "log.txt").read_text()
+    assert "[rank 1]" in proc.stderr  # rank 1 did run (and logged to stderr only)
+    assert sorted(os.listdir(root / "checkpoints")) == checkpoints
+
+
+SLOW = SAC.replace("'alfish/PointGoal-v0'", "'alfish/Latency-v0'").replace(
+    "TrainerConfig.num_iterations = 60", "TrainerConfig.num_iterations = 100000") + """
+create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latency_s': 0.01}
+"""
+
+
+def test_a_killed_rank_ends_the_job_within_a_minute_with_the_root_cause(tmp_path):
+    conf = tmp_path / "slow.gin"
+    conf.write_text(SLOW)
+    proc = subprocess.Popen(TORCHRUN + ["-m", "alfish.bin.train", "--conf", str(conf), "--root_dir",
+                                        str(tmp_path / "root")], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    victim = None
+    deadline = time.monotonic() + 90
+    while victim is None and time.monotonic() < deadline:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if child.environ().get("RANK") == "1" and (tmp_path / "root" / "tb").exists():
+                    victim = child
+            except psutil.Error:
+                pass
+        time.sleep(0.5)
+    assert victim is not None, "rank 1 never started"
+    time.sleep(2.0)  # training
+    workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
+    os.kill(victim.pid, signal.SIGKILL)
+    start = time.monotonic()
+    _, stderr = proc.communicate(timeout=90)
+    assert time.monotonic() - start < 60
+    assert proc.returncode != 0
+    assert "Root Cause" in stderr and f"exitcode  : -9 (pid: {victim.pid})" in stderr, stderr[-3000:]
+    time.sleep(1.0)
+    assert not [pid for pid in workers if psutil.pid_exists(pid)
+                and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # no orphans
