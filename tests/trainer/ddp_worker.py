@@ -2,6 +2,7 @@
 
     torchrun --nproc_per_node=2 tests/trainer/ddp_worker.py grads OUT_DIR ALGO
     torchrun --nproc_per_node=2 tests/trainer/ddp_worker.py train OUT_DIR CONF ROOT_DIR
+    torchrun --nproc_per_node=2 tests/trainer/ddp_worker.py check OUT_DIR dqn
 
 grads: one DDP update of ALGO ('dqn' or 'ddpg', both with deterministic losses) on this rank's half of a fixed batch;
     writes the gradients to OUT_DIR/grads-rank{r}.pt.
@@ -33,6 +34,25 @@ def grads(out_dir: str, algo: str) -> None:
     shutdown(ctx)
 
 
+def check(out_dir: str, algo: str) -> None:
+    """Rank 1 nudges one parameter; the consistency check must name it on every rank."""
+    from alfish.trainer.distributed import check_parameters_equal, init_distributed, shutdown
+
+    ctx = init_distributed()
+    algorithm, _ = build_algorithm_and_batch(algo)
+    check_parameters_equal(algorithm, ctx)  # equal: passes
+    if ctx.rank == 1:
+        with torch.no_grad():
+            dict(algorithm.named_parameters())["q_net.2.bias"][0] += 1e-3
+    try:
+        check_parameters_equal(algorithm, ctx)
+    except RuntimeError as err:
+        print(f"rank {ctx.rank}: {err}", flush=True)
+        sys.exit(3)
+    finally:
+        shutdown(ctx)
+
+
 def train(out_dir: str, conf: str, root_dir: str) -> None:
     from alfish.bin.train import setup_logging
     from alfish.config import TrainerConfig, load_conf
@@ -48,4 +68,7 @@ def train(out_dir: str, conf: str, root_dir: str) -> None:
 
 if __name__ == "__main__":
     mode, out = sys.argv[1], sys.argv[2]
-    grads(out, sys.argv[3]) if mode == "grads" else train(out, sys.argv[3], sys.argv[4])
+    if mode == "train":
+        train(out, sys.argv[3], sys.argv[4])
+    else:
+        (grads if mode == "grads" else check)(out, sys.argv[3])

@@ -146,3 +146,11 @@ def test_a_killed_rank_ends_the_job_within_a_minute_with_the_root_cause(tmp_path
     time.sleep(1.0)
     assert not [pid for pid in workers if psutil.pid_exists(pid)
                 and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]  # no orphans
+
+
+def test_parameter_check_names_the_first_differing_parameter(tmp_path):
+    proc = torchrun(WORKER, "check", str(tmp_path), "dqn")
+    assert proc.returncode != 0
+    for rank in (0, 1):
+        assert (f"rank {rank}: DDP ranks hold different parameters: 'q_net.2.bias' differs between rank 0 and rank 1"
+                in proc.stdout), proc.stdout[-2000:] + proc.stderr[-2000:]
