@@ -22,17 +22,20 @@ import tempfile
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def run(conf: str, async_unroll: bool, steps: int, latency_s: float, evaluate: bool, seed: int) -> dict:
+def run(conf: str, async_unroll: bool, steps: int, latency_s: float, evaluate: bool, seed: int,
+        threads: int = 0) -> dict:
     root = tempfile.mkdtemp(prefix=f"bench-async-{int(async_unroll)}-")
     params = [f"TrainerConfig.async_unroll={async_unroll}", f"TrainerConfig.num_env_steps={steps}",
               f"TrainerConfig.random_seed={seed}", "TrainerConfig.num_checkpoints=0",
               f"TrainerConfig.evaluate={evaluate}", "TrainerConfig.summary_interval=100",
               f"create_environment.env_kwargs={{'env_name': 'Pendulum-v1', 'latency_s': {latency_s}}}"]
+    if threads:
+        params.append(f"Trainer.num_threads={threads}")
     cmd = [sys.executable, "-m", "alfish.bin.train", "--conf", conf, "--root_dir", root]
     for p in params:
         cmd += ["--conf_param", p]
     out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=3600,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         env=dict(os.environ, OMP_NUM_THREADS=str(threads or 1)))
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return dict(root=root, log=out.stderr)
@@ -69,6 +72,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per mode (0: skip)")
     parser.add_argument("--throughput_steps", type=int, default=2000)
     parser.add_argument("--learn", action="store_true")
+    parser.add_argument("--threads", type=int, default=0, help="trainer torch threads (0: the conf's)")
     parser.add_argument("--learn_steps", type=int, default=10000)
     parser.add_argument("--threshold", type=float, default=-200.0)
     args = parser.parse_args()
@@ -78,7 +82,7 @@ def main() -> None:
         for _ in range(args.repeats):
             for mode in (False, True):
                 rates[mode].append(throughput(run(args.conf, mode, args.throughput_steps, args.latency_s, False,
-                                                  seed=0)["root"]))
+                                                  seed=0, threads=args.threads)["root"]))
         med = {m: statistics.median(v) for m, v in rates.items()}
         print(f"env steps/s, median of {args.repeats}: sync {med[False]:.0f}, async {med[True]:.0f}, ratio "
               f"async/sync {med[True] / med[False]:.2f} (all: sync {[round(x) for x in rates[False]]}, async "
@@ -86,7 +90,7 @@ def main() -> None:
     if args.learn:
         reached = {}
         for mode in (False, True):
-            root = run(args.conf, mode, args.learn_steps, args.latency_s, True, seed=0)["root"]
+            root = run(args.conf, mode, args.learn_steps, args.latency_s, True, seed=0, threads=args.threads)["root"]
             curve = learning_curve(root)
             first = next(((s, t) for s, t, r in curve if r >= args.threshold), None)
             reached[mode] = first
