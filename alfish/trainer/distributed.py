@@ -169,6 +169,11 @@ def broadcast_object(obj: object, ctx: DistContext) -> object:
     return holder[0]
 
 
-def shutdown(ctx: DistContext) -> None:
+def shutdown(ctx: DistContext, synchronize: bool = False) -> None:
+    """Leave the process group. ``synchronize`` (after a normal end) first waits for every rank to get here, so no
+    rank tears its connections down while another still finishes its last collective; after an error there may be
+    nobody to wait for."""
     if ctx.enabled and dist.is_initialized():
+        if synchronize:
+            dist.barrier()
         dist.destroy_process_group()

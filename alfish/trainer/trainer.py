@@ -196,12 +196,14 @@ class Trainer:
                         self.save_checkpoint()
                         logging.warning("stopped by signal %s at iteration %d; checkpoint written, rerun the same "
                                         "command to resume", signals.stop_signal, self.iteration)
+                        shutdown(self.dist, synchronize=True)  # all ranks agreed to stop at this iteration
                         # a rank stopped because another one was signalled exits as if it had been sent SIGTERM
                         return signals.exit_code() or 128 + int(signal.SIGTERM)
                 if self.evaluator is not None and self.iteration % self.eval_interval != 0:
                     self._evaluate()  # always end with an evaluation of the final policy
                 if self.config.num_checkpoints > 0 and self.iteration not in self.checkpoint_iterations:
                     self.save_checkpoint()
+                shutdown(self.dist, synchronize=True)  # every rank is done: no collective is left in flight
             except (KeyboardInterrupt, Exception) as err:
                 self._checkpoint_after_crash(err)
                 raise

@@ -31,7 +31,7 @@ def grads(out_dir: str, algo: str) -> None:
     module(mine).loss.mean().backward()
     torch.save({n: p.grad for n, p in algorithm.named_parameters() if p.grad is not None},
                os.path.join(out_dir, f"grads-rank{ctx.rank}.pt"))
-    shutdown(ctx)
+    shutdown(ctx, synchronize=True)
 
 
 def check(out_dir: str, algo: str) -> None:
