@@ -118,24 +118,32 @@ create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latency_s':
 """
 
 
-def test_a_killed_rank_ends_the_job_within_a_minute_with_the_root_cause(tmp_path):
+def start_slow_job(tmp_path, extra=""):
+    """A 2-rank job on a slow env; returns (torchrun process, {rank: worker}) once both ranks train."""
     conf = tmp_path / "slow.gin"
-    conf.write_text(SLOW)
+    conf.write_text(SLOW + extra)
     proc = subprocess.Popen(TORCHRUN + ["-m", "alfish.bin.train", "--conf", str(conf), "--root_dir",
                                         str(tmp_path / "root")], cwd=REPO, env=ENV, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    victim = None
+    workers = {}
     deadline = time.monotonic() + 90
-    while victim is None and time.monotonic() < deadline:
+    while len(workers) < 2 and time.monotonic() < deadline:
         for child in psutil.Process(proc.pid).children(recursive=True):
             try:
-                if child.environ().get("RANK") == "1" and (tmp_path / "root" / "tb").exists():
-                    victim = child
+                rank = child.environ().get("RANK")
+                if rank in ("0", "1") and (tmp_path / "root" / "tb").exists():
+                    workers[int(rank)] = child
             except psutil.Error:
                 pass
         time.sleep(0.5)
-    assert victim is not None, "rank 1 never started"
+    assert len(workers) == 2, "the ranks never started"
     time.sleep(2.0)  # training
+    return proc, workers
+
+
+def test_a_killed_rank_ends_the_job_within_a_minute_with_the_root_cause(tmp_path):
+    proc, ranks = start_slow_job(tmp_path)
+    victim = ranks[1]
     workers = [c.pid for c in psutil.Process(proc.pid).children(recursive=True)]
     os.kill(victim.pid, signal.SIGKILL)
     start = time.monotonic()
@@ -154,3 +162,16 @@ def test_parameter_check_names_the_first_differing_parameter(tmp_path):
     for rank in (0, 1):
         assert (f"rank {rank}: DDP ranks hold different parameters: 'q_net.2.bias' differs between rank 0 and rank 1"
                 in proc.stdout), proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+def test_a_hung_rank_makes_the_other_exit_with_a_timeout_error(tmp_path):
+    proc, ranks = start_slow_job(tmp_path, "init_distributed.timeout_s = 10\n")
+    os.kill(ranks[1].pid, signal.SIGSTOP)  # hangs: alive, but never answers a collective again
+    start = time.monotonic()
+    ranks[0].wait(timeout=60)  # rank 0 gives up after the collective timeout (psutil.TimeoutExpired otherwise)
+    assert time.monotonic() - start < 60
+    _, stderr = proc.communicate(timeout=90)  # torchrun then kills the hung rank
+    assert proc.returncode != 0
+    assert "[rank0]: RuntimeError:" in stderr and "Timed out waiting 10000ms" in stderr, stderr[-3000:]
+    assert f"rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: {ranks[0].pid})" in stderr, stderr[-3000:]
+    assert not psutil.pid_exists(ranks[1].pid) or ranks[1].status() == psutil.STATUS_ZOMBIE
