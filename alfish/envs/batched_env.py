@@ -93,6 +93,7 @@ class BatchedEnv:
         """Reset every env (env ``i`` seeded ``seed + i``; default: the constructor's seed) and return FIRST steps."""
         seed = self._seed if seed is None else seed
         obs, _ = self._venv.reset(seed=[seed + i for i in range(self.num_envs)])
+        self._venv.action_space.seed(seed)  # random_action() is reproducible too
         self._prev_done[:] = False
         n = self.num_envs
         return TimeStep(

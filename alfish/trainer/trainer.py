@@ -22,6 +22,7 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.config.trainer_config import TrainerConfig
+from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience, LossInfo
 from alfish.envs.batched_env import BatchedEnv, create_environment
 from alfish.replay.batching import WholeBufferBatches, to_time_major
@@ -80,13 +81,18 @@ class Trainer:
     """Runs one experiment described by ``config``.
 
     save_replay_buffer: store the replay buffer (as tensors, full capacity) in checkpoints, so a resumed run continues
-    with the same data; set False to keep checkpoints small (a resume then refills one mini-batch of fresh steps). num_threads: torch intra-op threads (``None``: torch's default). progress_log_interval_s: seconds
-    between progress lines when stderr is not a terminal.
+    with the same data; set False to keep checkpoints small (a resume then refills one mini-batch of fresh steps).
+    num_threads: torch intra-op threads (``None``: torch's default).
+    progress_log_interval_s: seconds between progress lines when stderr is not a terminal.
+    random_warm_up_actions: collect the ``initial_collect_steps`` with uniformly random actions instead of the
+    untrained policy's (as the TD3 paper and SB3's ``learning_starts`` do; ALF uses the policy, the default here).
+    Off-policy algorithms whose rollout stores no info (SAC, DDPG, TD3, DQN), synchronous unroll only.
     """
 
     def __init__(self, config: TrainerConfig, save_replay_buffer: bool = True, num_threads: Optional[int] = None,
-                 progress_log_interval_s: float = 10.0):
+                 progress_log_interval_s: float = 10.0, random_warm_up_actions: bool = False):
         self.config = config
+        self.random_warm_up_actions = random_warm_up_actions
         self.root_dir = config.root_dir
         self.save_replay_buffer = save_replay_buffer
         self.progress_log_interval_s = progress_log_interval_s
@@ -131,6 +137,9 @@ class Trainer:
         elif config.priority_replay:
             raise ValueError(f"TrainerConfig.priority_replay=True needs an off-policy algorithm; "
                              f"{type(self.algorithm).__name__} trains on-policy without replay")
+        if random_warm_up_actions and (self.algorithm.on_policy or config.async_unroll):
+            raise ValueError("Trainer.random_warm_up_actions=True needs an off-policy algorithm and a synchronous "
+                             "unroll (TrainerConfig.async_unroll=False): the warm-up runs in this process")
         if config.async_unroll and self.algorithm.on_policy:
             raise ValueError(f"TrainerConfig.async_unroll=True needs an off-policy algorithm; "
                              f"{type(self.algorithm).__name__} trains on-policy on the unroll it just made (with "
@@ -255,7 +264,12 @@ class Trainer:
             steps_per_env = max(steps_per_env, refill)
         if steps_per_env > 0:
             start = time.monotonic()
-            self._collect(steps_per_env)
+            if self.random_warm_up_actions:
+                self._check_rollout_info_is_empty()
+                self.unroller.unroll(steps_per_env, self._store, with_grad=False, random_actions=True)
+                self.env_steps += steps_per_env * self.total_envs
+            else:
+                self._collect(steps_per_env)
             logging.info("collected %d initial env steps in %.1fs", steps_per_env * self.total_envs,
                          time.monotonic() - start)
 
@@ -287,6 +301,15 @@ class Trainer:
                     self._update(*self._sample())
         self._timing["train_s"] = time.monotonic() - start - self._timing["unroll_s"]
         self.algorithm.after_train_iter()
+
+    def _check_rollout_info_is_empty(self) -> None:
+        """Random warm-up actions come without rollout info; an algorithm that stores some (e.g. PPO's log-probs)
+        cannot train on them."""
+        with torch.inference_mode():
+            info = self.algorithm.rollout_step(self.unroller.seen()).info
+        if nest.flatten(info):
+            raise ValueError(f"Trainer.random_warm_up_actions=True: {type(self.algorithm).__name__} stores rollout "
+                             "info with each step, which random actions do not have; set it to False")
 
     def _collect(self, steps_per_env: int) -> None:
         """Unroll ``steps_per_env`` steps of every env into the replay buffer: here, or from the async unroll child

@@ -8,7 +8,7 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.data import nest
-from alfish.data.types import Experience, TimeStep
+from alfish.data.types import AlgStep, Experience, TimeStep
 from alfish.envs.batched_env import BatchedEnv
 from alfish.trainer.metrics import EpisodeStats
 
@@ -41,17 +41,21 @@ class Unroller:
         return self._seen
 
     def unroll(self, num_steps: int, store: Callable[[Experience], None], with_grad: bool,
-               store_transformed: bool = False) -> None:
+               store_transformed: bool = False, random_actions: bool = False) -> None:
         """Take ``num_steps`` steps per env, handing each stored step ``[B, ...]`` to ``store`` (the raw step, or
         the transformed one with ``store_transformed``).
 
-        Off-policy rollouts run under ``torch.inference_mode`` unless ``with_grad``.
+        Off-policy rollouts run under ``torch.inference_mode`` unless ``with_grad``. ``random_actions``: uniformly
+        random actions instead of the policy's (a warm-up for algorithms whose rollout stores no info).
         """
         mode = contextlib.nullcontext() if with_grad else torch.inference_mode()
         with mode:
             for _ in range(num_steps):
-                seen = self.seen()
-                alg_step = self.algorithm.rollout_step(seen)
+                seen = self.seen()  # transformed even when acting randomly: running statistics see every step
+                if random_actions:
+                    alg_step = AlgStep(output=self.env.random_action())
+                else:
+                    alg_step = self.algorithm.rollout_step(seen)
                 stored = seen if store_transformed else self.time_step
                 store(Experience.from_time_step(stored, alg_step.output, alg_step.info))
                 self.time_step, self._seen = self.env.step(alg_step.output), None
