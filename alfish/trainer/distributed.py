@@ -138,13 +138,14 @@ def check_parameters_equal(module: nn.Module, ctx: DistContext) -> None:
                                "something update parameters outside the optimizer?")
 
 
-def any_rank(flag: bool, ctx: DistContext) -> bool:
-    """True on every rank when ``flag`` is True on any (a stop signal must stop all ranks at the same iteration)."""
+def any_rank(flags: Sequence[bool], ctx: DistContext) -> list[bool]:
+    """Each flag True on every rank when it is True on any (a stop signal must stop all ranks at the same
+    iteration); one small all-reduce for all of them."""
     if not ctx.enabled:
-        return flag
-    value = torch.tensor([int(flag)])
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+        return list(flags)
+    values = torch.tensor([int(f) for f in flags])
+    dist.all_reduce(values, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in values.tolist()]
 
 
 def bind_envs_per_rank(ctx: DistContext) -> None:

@@ -198,10 +198,12 @@ class Trainer:
                     self._after_iteration()
                     progress.update(self.iteration, self.env_steps, self.stats.average_return())
                     # Ranks act on a signal together (a signal reaches them at slightly different iterations).
-                    if any_rank(signals.checkpoint_requested, self.dist):
+                    checkpoint_now, stop_now = any_rank([signals.checkpoint_requested, signals.stop_requested],
+                                                        self.dist)
+                    if checkpoint_now:
                         signals.clear_checkpoint_request()  # before saving: a SIGUSR2 during the save is kept
                         self.save_checkpoint()
-                    if any_rank(signals.stop_requested, self.dist):
+                    if stop_now:
                         self.save_checkpoint()
                         logging.warning("stopped by signal %s at iteration %d; checkpoint written, rerun the same "
                                         "command to resume", signals.stop_signal, self.iteration)
