@@ -85,11 +85,17 @@ class SharedState:
         finally:
             self.lock.release()
 
-    def read_into(self, tensors: dict[str, torch.Tensor]) -> tuple[int, tuple[float, ...]]:
-        """Copy the shared bytes into ``tensors`` (same names and shapes); returns the version and progress."""
+    def read_into(self, tensors: dict[str, torch.Tensor],
+                  keep_waiting: Callable[[], bool] = lambda: True) -> Optional[tuple[int, tuple[float, ...]]]:
+        """Copy the shared bytes into ``tensors`` (same names and shapes); returns the version and progress, or
+        ``None`` when ``keep_waiting()`` turned False while the lock was held (e.g. a writer killed holding it)."""
         view = self._view()
-        if not self.lock.acquire(timeout=LOCK_TIMEOUT_S):
-            raise AsyncUnrollError(f"could not read parameters: the shared lock was held for {LOCK_TIMEOUT_S} s")
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while not self.lock.acquire(timeout=POLL_S):
+            if not keep_waiting():
+                return None
+            if time.monotonic() > deadline:
+                raise AsyncUnrollError(f"could not read parameters: the shared lock was held for {LOCK_TIMEOUT_S} s")
         try:
             for name, offset, nbytes in self.layout:
                 target = tensors[name]
@@ -233,14 +239,14 @@ def _child_main(spec: UnrollSpec, shared: SharedState, steps: Any, errors: Any, 
         torch.set_num_threads(1)
         env, algorithm, transformer = _build(spec)
         tensors = rollout_state(algorithm, transformer)
-        version = _load_parameters(shared, tensors, 0)
-        view = transformer.rollout_view(update_stats=False)
         parent_alive = _parent_watch(spec.parent_pid)
+        version = _load_parameters(shared, tensors, 0, parent_alive)
+        view = transformer.rollout_view(update_stats=False)
         time_step = env.reset()
         next_tick = time.monotonic()
         with torch.inference_mode():
             while not stop.is_set() and parent_alive():
-                version = _load_parameters(shared, tensors, version)
+                version = _load_parameters(shared, tensors, version, parent_alive)
                 alg_step = algorithm.rollout_step(view(time_step))
                 exp = Experience.from_time_step(time_step, alg_step.output, alg_step.info)
                 if spec.step_interval_s > 0:
@@ -287,14 +293,19 @@ def _build(spec: UnrollSpec) -> tuple[Any, Any, Any]:
     return env, algorithm, transformer
 
 
-def _load_parameters(shared: SharedState, tensors: dict[str, torch.Tensor], have: int) -> int:
-    """Load the published parameters if their version moved; also sets the schedules' progress."""
+def _load_parameters(shared: SharedState, tensors: dict[str, torch.Tensor], have: int,
+                     parent_alive: Callable[[], bool]) -> int:
+    """Load the published parameters if their version moved; also sets the schedules' progress. Gives up (keeping
+    the old parameters) when the parent dies while holding the lock: the main loop then exits."""
     if shared.version.value == have:
         return have
     from alfish.schedulers import update_progress
 
     with torch.inference_mode(False), torch.no_grad():
-        version, (iterations, env_steps, fraction) = shared.read_into(tensors)
+        read = shared.read_into(tensors, keep_waiting=parent_alive)
+    if read is None:
+        return have
+    version, (iterations, env_steps, fraction) = read
     update_progress(iterations=int(iterations), env_steps=int(env_steps), fraction=fraction)
     return version
 

@@ -48,7 +48,10 @@ def test_short_async_sac_run_learns_point_goal_and_reports_lag(tmp_path):
     shm_before = shm_entries()
     root = run_trainer_from_text(tmp_path, SAC_POINT_GOAL + ASYNC)
     result = [r["average_return"] for r in eval_log(root)]
-    assert max(result[-3:]) >= -1.0, result  # optimum -0.9; a random policy gets about -6
+    # the synchronous SAC test's thresholds (optimum -0.9; a random policy gets about -6). Async data depends on
+    # timing (which parameter version chose each action), so runs differ slightly from one another.
+    assert result[0] < -1.5 and max(result) >= -1.1, result
+    assert sum(result[-3:]) / 3 >= -1.15, result
     scalars = tb_scalars(root)
     for tag in ("async/queue_length", "async/steps_received", "async/env_step_ms", "async/policy_lag_versions",
                 "async/policy_lag_iterations"):
