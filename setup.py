@@ -17,7 +17,7 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2.1", "imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame-ce>=2.1.3"],
+        "test": ["pytest>=7", "pytest-timeout>=2.1", "ruff>=0.6", "imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame-ce>=2.1.3"],
         "render": ["pygame-ce>=2.1.3", "imageio>=2.30", "imageio-ffmpeg>=0.4"],
         "mujoco": ["gymnasium[mujoco]>=1.0"],
         "box2d": ["gymnasium[box2d]>=1.0"],

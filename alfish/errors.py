@@ -22,3 +22,11 @@ class OneLineValueError(ValueError):
 
     def __str__(self) -> str:
         return self.message
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite; raised before the update, so the parameters stay as they were.
+
+    The message names the non-finite loss terms (see ``alfish.learn.learner.Learner``); a checkpoint is not worth
+    writing after it.
+    """

@@ -8,10 +8,24 @@ import pytest
 import torch
 
 from alfish import schedulers
-from alfish.schedulers import (ConstantScheduler, CyclicalScheduler, ExponentialScheduler, LinearScheduler,
-                               ScheduleError, Scheduler, StepScheduler, as_scheduler, current_value, get_progress,
-                               progress_record, reset_progress, scheduler_summaries, split_lr_schedules,
-                               update_optimizer_lrs, update_progress)
+from alfish.schedulers import (
+    ConstantScheduler,
+    CyclicalScheduler,
+    ExponentialScheduler,
+    LinearScheduler,
+    ScheduleError,
+    Scheduler,
+    StepScheduler,
+    as_scheduler,
+    current_value,
+    get_progress,
+    progress_record,
+    reset_progress,
+    scheduler_summaries,
+    split_lr_schedules,
+    update_optimizer_lrs,
+    update_progress,
+)
 
 
 @gin.configurable

@@ -20,7 +20,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from alfish.data.types import AlgStep, Experience, LossInfo, TimeStep
+from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, TimeStep
 
 
 class Algorithm(nn.Module):
@@ -34,13 +34,13 @@ class Algorithm(nn.Module):
     #: True when some updates leave parameters out of the loss (TD3's delayed actor); DDP must then look for them.
     skips_parameters_in_some_updates: bool = False
 
-    def predict_step(self, time_step: TimeStep, state: Any = (), epsilon_greedy: float = 0.0) -> AlgStep:
+    def predict_step(self, time_step: TimeStep, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
         raise NotImplementedError
 
-    def rollout_step(self, time_step: TimeStep, state: Any = ()) -> AlgStep:
+    def rollout_step(self, time_step: TimeStep, state: Any = EMPTY) -> AlgStep:
         raise NotImplementedError
 
-    def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:
+    def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
         raise NotImplementedError
 
     def calc_loss(self, exp: Experience, train_info: Any) -> LossInfo:
@@ -93,7 +93,7 @@ class RLAlgorithm(Algorithm):
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError
 
-    def predict_step(self, time_step: TimeStep, state: Any = (), epsilon_greedy: float = 0.0) -> AlgStep:
+    def predict_step(self, time_step: TimeStep, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
         """Greedy action, except that each env samples from the policy with probability ``epsilon_greedy``."""
         greedy, _ = self._act(time_step.observation, greedy=True)
         if epsilon_greedy > 0.0:
@@ -102,7 +102,7 @@ class RLAlgorithm(Algorithm):
             greedy = torch.where(pick.view((-1,) + (1,) * (greedy.dim() - 1)), sampled, greedy)
         return AlgStep(output=greedy, state=state)
 
-    def rollout_step(self, time_step: TimeStep, state: Any = ()) -> AlgStep:
+    def rollout_step(self, time_step: TimeStep, state: Any = EMPTY) -> AlgStep:
         action, info = self._act(time_step.observation, greedy=False)
         return AlgStep(output=action, state=state, info=info)
 

@@ -30,7 +30,7 @@ import gymnasium as gym
 import torch
 
 from alfish.algorithms.base import OffPolicyAlgorithm
-from alfish.data.types import AlgStep, Experience, LossInfo, StepType
+from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.mlp import MLP, EnsembleMLP
 from alfish.schedulers import Scheduler, as_scheduler
 
@@ -106,7 +106,7 @@ class DdpgAlgorithm(OffPolicyAlgorithm):
         if not greedy:
             noise = torch.randn_like(unit_action) * self.exploration_noise()
             unit_action = (unit_action + noise).clamp(-1.0, 1.0)
-        return self.scale_action(unit_action), ()
+        return self.scale_action(unit_action), EMPTY
 
     def _updates_done(self) -> int:
         if self._num_updates is None:
@@ -123,7 +123,7 @@ class DdpgAlgorithm(OffPolicyAlgorithm):
                                                                          self.target_noise_clip)
 
     # --------------------------------------------------------------------------------------------------- training --
-    def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:
+    def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
         """Losses of the ``L-1`` transitions of ``exp`` ``[L, B]``, each ``[(L-1) * B]``."""
         obs = self.flat_obs(exp.observation, batch_dims=2)
         obs_t, obs_next = obs[:-1].flatten(0, 1), obs[1:].flatten(0, 1)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from alfish.algorithms.base import OffPolicyAlgorithm
-from alfish.data.types import AlgStep, Experience, LossInfo, StepType, TimeStep
+from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
 from alfish.networks.mlp import MLP
 from alfish.schedulers import Scheduler, as_scheduler
 
@@ -128,16 +128,16 @@ class DqnAlgorithm(OffPolicyAlgorithm):
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         """Greedy action ``[B]`` (int64), or the epsilon-greedy exploration action when not ``greedy``."""
         action = self.q_net(self.flat_obs(obs)).argmax(-1)
-        return (action if greedy else self._random_where(action, self.epsilon())), ()
+        return (action if greedy else self._random_where(action, self.epsilon())), EMPTY
 
-    def predict_step(self, time_step: TimeStep, state: Any = (), epsilon_greedy: float = 0.0) -> AlgStep:
+    def predict_step(self, time_step: TimeStep, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
         """Greedy; with probability ``epsilon_greedy`` per env a uniformly random action (not the exploration
         epsilon's action)."""
         action, _ = self._act(time_step.observation, greedy=True)
         return AlgStep(output=self._random_where(action, epsilon_greedy), state=state)
 
     # --------------------------------------------------------------------------------------------------- training --
-    def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:
+    def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
         """Q-value and n-step target of the transition out of step 0 of each sequence of ``exp`` ``[n_step+1, B]``."""
         length = exp.step_type.shape[0]
         if length != self.n_step + 1:

@@ -15,7 +15,7 @@ import torch
 from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OffPolicyAlgorithm
 from alfish.data import nest
-from alfish.data.types import AlgStep, Experience, LossInfo, StepType
+from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
 from alfish.schedulers import Scheduler, as_scheduler
 
@@ -75,10 +75,10 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         adv = generalized_advantage_estimation(tm(exp.reward), tm(info.value), tm(exp.step_type),
                                                tm(exp.discount), self.gamma, self.gae_lambda).transpose(0, 1)
         value = info.value[:, :-1]
-        trimmed = nest.map_nest(lambda x: x[:, :-1], exp._replace(rollout_info=()))
+        trimmed = nest.map_nest(lambda x: x[:, :-1], exp._replace(rollout_info=EMPTY))
         return trimmed._replace(rollout_info=PpoExperienceInfo(info.log_prob[:, :-1], value, adv, adv + value))
 
-    def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:
+    def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
         obs = self.flat_obs(exp.observation, batch_dims=2).flatten(0, 1)
         out = self.net.evaluate(obs, exp.action.flatten(0, 1))
         return AlgStep(info=PpoTrainInfo(out.log_prob, out.entropy, out.value))

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm
-from alfish.data.types import AlgStep, Experience, LossInfo, StepType
+from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.distributions import tanh_gaussian_sample
 from alfish.networks.mlp import MLP, EnsembleMLP
 from alfish.schedulers import Scheduler, as_scheduler
@@ -82,10 +82,10 @@ class SacAlgorithm(OffPolicyAlgorithm):
 
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         unit_action, _ = self._policy(self.flat_obs(obs), greedy)
-        return self.scale_action(unit_action), ()
+        return self.scale_action(unit_action), EMPTY
 
     # --------------------------------------------------------------------------------------------------- training --
-    def train_step(self, exp: Experience, state: Any = ()) -> AlgStep:
+    def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
         """Losses of the ``L-1`` transitions of ``exp`` ``[L, B]``, each ``[(L-1) * B]``."""
         obs = self.flat_obs(exp.observation, batch_dims=2)
         obs_t, obs_next = obs[:-1].flatten(0, 1), obs[1:].flatten(0, 1)

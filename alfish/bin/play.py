@@ -17,12 +17,12 @@ from typing import Optional, Sequence
 
 import torch
 
+from alfish.algorithms.build import build_policy
 from alfish.config import ConfError, TrainerConfig, load_config_text
 from alfish.data.types import StepType
 from alfish.envs.batched_env import create_environment
-from alfish.trainer.checkpoint import CheckpointError, Checkpointer, LoadedCheckpoint
-from alfish.trainer.trainer import build_algorithm
-from alfish.transforms.base import build_transformers
+from alfish.envs.spec import EnvSpec
+from alfish.trainer.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
 
@@ -31,7 +31,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m alfish.bin.play", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root_dir", required=True)
-    parser.add_argument("--checkpoint_step", type=int, default=None, help="iteration of the checkpoint (default: newest)")
+    parser.add_argument("--checkpoint_step", type=int, default=None,
+                        help="iteration of the checkpoint (default: newest)")
     parser.add_argument("--num_episodes", type=int, default=1)
     parser.add_argument("--record_file", default=None, help="write a video: .mp4 (imageio-ffmpeg) or .gif")
     parser.add_argument("--epsilon_greedy", type=float, default=0.0,
@@ -84,12 +85,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     render_mode = "human" if args.render else ("rgb_array" if args.record_file else None)
     env = create_environment(num_parallel_environments=1, seed=args.seed, vectorization="sync",
                              render_mode=render_mode)
-    transformer = build_transformers(config.data_transformer_ctor, env.observation_space)
+    transformer, algorithm = build_policy(config, EnvSpec.of(env))
     if "transformers" in ckpt.tensors:  # e.g. the observation normalizer's statistics
         transformer.load_state_dict(ckpt.tensors["transformers"])
     transformer.eval()
     view = transformer.rollout_view(update_stats=False)
-    algorithm = build_algorithm(config, env, transformer)
     algorithm.load_state_dict(ckpt.tensors["algorithm"])
     algorithm.eval()
     fps = args.fps or int(env._venv.metadata.get("render_fps") or 30)

@@ -55,11 +55,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     setup_logging(args.root_dir)
-    from alfish.trainer.trainer import Trainer  # after the conf is known good: imports torch-heavy modules
+    # after the conf is known good: imports torch-heavy modules
+    from alfish.trainer.build import build_trainer
+    from alfish.trainer.checkpoint import CheckpointError
 
     try:
-        trainer = Trainer(config)
-    except (ValueError, TypeError, RuntimeError) as err:
+        trainer = build_trainer(config)
+    except (ValueError, TypeError, RuntimeError, CheckpointError) as err:
         # e.g. a bad algorithm hyperparameter or an unknown env id; gin appends "In call to configurable ..." lines.
         logging.error("could not build the experiment: %s", " ".join(str(err).split()))
         return 2

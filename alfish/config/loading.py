@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 # Packages whose modules define the configurables a conf may name; every module under them is imported before parsing.
 CONFIGURABLE_PACKAGES: tuple[str, ...] = (
-    'alfish.algorithms', 'alfish.envs', 'alfish.networks', 'alfish.trainer',
+    'alfish.algorithms', 'alfish.envs', 'alfish.learn', 'alfish.networks', 'alfish.trainer',
     'alfish.transforms', 'alfish.replay', 'alfish.schedulers',
 )
 

@@ -9,6 +9,10 @@ from typing import Any, NamedTuple, Optional
 
 import torch
 
+#: The value of a field that holds nothing: an empty nest (no tensors, so storage, ``nest`` helpers and pytree maps
+#: skip it, where ``None`` would be a leaf they would try to map). Named so that its uses say what they mean.
+EMPTY: tuple = ()
+
 
 class StepType:
     """Position of a step in its episode; stored as int8 tensors.
@@ -34,7 +38,7 @@ class TimeStep(NamedTuple):
     observation: float32 [B, *obs_shape].
     prev_action: [B, *action_shape], the action that led here (zeros at FIRST).
     env_id:      int64 [B], which environment of the batch produced this step.
-    untransformed: ``()``, or the raw TimeStep before any data transformer (set by ``UntransformedTimeStep``).
+    untransformed: ``EMPTY``, or the raw TimeStep before any data transformer (set by ``UntransformedTimeStep``).
     """
 
     step_type: torch.Tensor
@@ -43,7 +47,7 @@ class TimeStep(NamedTuple):
     observation: Any
     prev_action: torch.Tensor
     env_id: torch.Tensor
-    untransformed: Any = ()
+    untransformed: Any = EMPTY
 
     def is_first(self) -> torch.Tensor:
         return self.step_type == StepType.FIRST
@@ -56,21 +60,21 @@ class AlgStep(NamedTuple):
     """What an algorithm's ``*_step`` returns.
 
     output: the action ``[B, *action_shape]`` (rollout/predict) or any training output.
-    state:  recurrent state (``()`` for stateless algorithms).
+    state:  recurrent state (``EMPTY`` for stateless algorithms).
     info:   a nest of tensors ``[B, ...]``: stored in replay as ``rollout_info`` by ``rollout_step``,
             passed to ``calc_loss`` by ``train_step``.
     """
 
-    output: Any = ()
-    state: Any = ()
-    info: Any = ()
+    output: Any = EMPTY
+    state: Any = EMPTY
+    info: Any = EMPTY
 
 
 class Experience(NamedTuple):
     """One stored step: a TimeStep, the action chosen at it and the rollout info, plus replay metadata.
 
     Shapes are ``[L, B, ...]`` (time-major) when handed to ``train_step``. The next observation of step ``t`` is
-    ``observation[t + 1]``: the buffer never stores a duplicated next observation. ``untransformed`` is ``()`` in
+    ``observation[t + 1]``: the buffer never stores a duplicated next observation. ``untransformed`` is ``EMPTY`` in
     storage; ``UntransformedTimeStep`` fills it with the raw sample (an Experience) before the other transformers.
     """
 
@@ -80,11 +84,11 @@ class Experience(NamedTuple):
     observation: Any
     action: torch.Tensor
     env_id: torch.Tensor
-    rollout_info: Any = ()
-    untransformed: Any = ()
+    rollout_info: Any = EMPTY
+    untransformed: Any = EMPTY
 
     @staticmethod
-    def from_time_step(time_step: TimeStep, action: torch.Tensor, rollout_info: Any = ()) -> "Experience":
+    def from_time_step(time_step: TimeStep, action: torch.Tensor, rollout_info: Any = EMPTY) -> "Experience":
         return Experience(
             step_type=time_step.step_type,
             reward=time_step.reward,
@@ -120,9 +124,9 @@ class LossInfo(NamedTuple):
               or a scalar.
     extra:    named loss terms for TensorBoard: a dict of scalar tensors, or a zero-argument callable returning one
               (preferred: the trainer calls it only when a summary is due, so the reductions cost nothing otherwise).
-    priority: ``[B]`` new replay priorities, or ``()`` when the algorithm gives none.
+    priority: ``[B]`` new replay priorities, or ``EMPTY`` when the algorithm gives none.
     """
 
     loss: torch.Tensor
-    extra: Any = ()
-    priority: Any = ()
+    extra: Any = EMPTY
+    priority: Any = EMPTY

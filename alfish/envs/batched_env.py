@@ -5,6 +5,7 @@ with next-step autoreset: after a LAST step the env returns FIRST and ignores th
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from typing import Any, Optional
@@ -180,8 +181,26 @@ class BatchedEnv:
         return np.clip(action.detach().numpy(), self._low, self._high)
 
 
-@gin.configurable
-def create_environment(
+@dataclasses.dataclass(frozen=True)
+class EnvSettings:
+    """How to build a batched env (picklable: the async unroll child builds its envs from it)."""
+
+    env_name: str
+    num_parallel_environments: int
+    seed: int
+    vectorization: str
+    env_kwargs: Optional[dict]
+    render_mode: Optional[str]
+    step_timeout_s: float
+
+    def create(self) -> BatchedEnv:
+        logging.debug("creating %d x %s (%s)", self.num_parallel_environments, self.env_name, self.vectorization)
+        return BatchedEnv(self.env_name, self.num_parallel_environments, self.seed, self.vectorization,
+                          self.env_kwargs, self.render_mode, self.step_timeout_s)
+
+
+@gin.configurable("create_environment")
+def environment_settings(
     env_name: str = "CartPole-v1",
     num_parallel_environments: int = 1,
     seed: int = 0,
@@ -189,14 +208,19 @@ def create_environment(
     env_kwargs: Optional[dict] = None,
     render_mode: Optional[str] = None,
     step_timeout_s: float = 60.0,
-) -> BatchedEnv:
-    """Build the batched environment from gin.
+) -> EnvSettings:
+    """The batched environment's settings, from gin (gin name ``create_environment``); calling it records them in the
+    operative config even when another process builds the envs.
 
     env_name: any registered gymnasium id (classic control, box2d, MuJoCo, ``alfish/*`` toys).
     num_parallel_environments: ``B``, the number of envs stepped together.
     vectorization: ``'sync'`` (in this process) or ``'async'`` (one subprocess per env, gymnasium AsyncVectorEnv).
     step_timeout_s: seconds an async step may take before it is an error (a dead or hung worker never hangs training).
     """
-    logging.debug("creating %d x %s (%s)", num_parallel_environments, env_name, vectorization)
-    return BatchedEnv(env_name, num_parallel_environments, seed, vectorization, env_kwargs, render_mode,
-                      step_timeout_s)
+    return EnvSettings(env_name, num_parallel_environments, seed, vectorization, env_kwargs, render_mode,
+                       step_timeout_s)
+
+
+def create_environment(**overrides: Any) -> BatchedEnv:
+    """Build the batched environment from gin's ``create_environment.*`` bindings; keyword arguments override them."""
+    return environment_settings(**overrides).create()

@@ -1,7 +1,7 @@
-"""Turning batch-major replay data ``[B, L]`` into time-major training batches ``[L, B]`` (the only place it happens)."""
+"""Turning batch-major replay data ``[B, L]`` into time-major batches ``[L, B]`` (the only place it happens)."""
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import torch
 from torch.utils import _pytree as pytree
@@ -24,8 +24,8 @@ class WholeBufferBatches:
     the order of samples inside a full batch does not change its gradient.
     """
 
-    def __init__(self, exp: Experience, length: int, batch_size: Optional[int],
-                 generator: Optional[torch.Generator] = None):
+    def __init__(self, exp: Experience, length: int, batch_size: int | None,
+                 generator: torch.Generator | None = None):
         num_envs, steps = exp.step_type.shape[:2]
         per_env = steps // length
         self.total = num_envs * per_env
@@ -35,7 +35,7 @@ class WholeBufferBatches:
         # [B, T, ...] -> [B * per_env, length, ...]
         self._sequences = [x[:, :per_env * length].reshape((self.total, length) + tuple(x.shape[2:]))
                            for x in leaves]
-        self._full_batch: Optional[Experience] = None
+        self._full_batch: Experience | None = None
         if self.total and self.batch_size == self.total:
             self._full_batch = self._batch(slice(None))
 
@@ -53,7 +53,7 @@ class WholeBufferBatches:
             yield self._batch(order[start:start + self.batch_size])
 
 
-def whole_buffer_minibatches(exp: Experience, length: int, batch_size: Optional[int],
-                             generator: Optional[torch.Generator] = None) -> Iterator[Experience]:
+def whole_buffer_minibatches(exp: Experience, length: int, batch_size: int | None,
+                             generator: torch.Generator | None = None) -> Iterator[Experience]:
     """One epoch of ``WholeBufferBatches`` (see there)."""
     return WholeBufferBatches(exp, length, batch_size, generator).epoch()

@@ -1,23 +1,24 @@
-"""Per-environment ring storage of raw experience, with uniform sampling of contiguous sequences.
+"""Per-environment ring storage of raw experience (storage only: samplers in ``samplers.py`` / ``prioritized.py``).
 
 Each environment ``e`` owns a ring of ``capacity`` slots. Slot ``i`` of env ``e`` holds the step written at absolute
 index ``i`` (``write_count[e]`` counts all writes, so the ring holds indices ``[write_count - capacity, write_count)``).
 A stored step is an ``Experience`` (TimeStep fields + the action chosen + rollout info); the next observation of a step
 is simply the next slot, so nothing is stored twice.
 
-A sampled sequence never wraps from the newest slot to the oldest: it lies inside one env's contiguous history.
-Episode boundaries inside a sequence are visible from the step types (LAST followed by FIRST). With
-``track_episode_ends`` the buffer also knows, for every stored step, where its episode ends (hindsight relabelling
-needs it); that costs 8 bytes per slot and a back-fill when an episode's LAST step is written.
+A sequence read with ``gather`` lies inside one env's contiguous history (samplers never draw a start whose sequence
+would wrap from the newest slot to the oldest). Episode boundaries inside a sequence are visible from the step types
+(LAST followed by FIRST). With ``track_episode_ends`` the buffer also knows, for every stored step, where its episode
+ends (hindsight relabelling needs it); that costs 8 bytes per slot and a back-fill when an episode's LAST step is
+written.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch.utils import _pytree as pytree
 
-from alfish.data.types import BatchInfo, Experience, StepType
+from alfish.data.types import Experience, StepType
 
 
 class RingBuffer:
@@ -27,25 +28,24 @@ class RingBuffer:
     """
 
     def __init__(self, num_envs: int, capacity: int, device: str | torch.device = "cpu",
-                 generator: Optional[torch.Generator] = None, track_episode_ends: bool = False):
+                 track_episode_ends: bool = False):
         self.num_envs = num_envs
         self.capacity = capacity
         self.device = torch.device(device)
-        self._storage: Optional[list[torch.Tensor]] = None  # one [num_envs, capacity, ...] tensor per leaf
+        self._storage: list[torch.Tensor] | None = None  # one [num_envs, capacity, ...] tensor per leaf
         self._spec: Any = None  # the Experience structure of the leaves
-        self._lockstep: Optional[int] = 0  # common write count while all envs are written together
+        self._lockstep: int | None = 0  # common write count while all envs are written together
         self._write_count = torch.zeros(num_envs, dtype=torch.int64)
         self._all_envs = torch.arange(num_envs)
         self._floor = torch.zeros(num_envs, dtype=torch.int64)  # steps before this index were cleared
-        self._generator = generator
         # Absolute index of each slot's episode's LAST step; -1 while the episode is still running.
-        self._episode_end: Optional[torch.Tensor] = (
+        self._episode_end: torch.Tensor | None = (
             torch.full((num_envs, capacity), -1, dtype=torch.int64) if track_episode_ends else None)
         self._episode_begin = torch.zeros(num_envs, dtype=torch.int64)  # absolute index of each env's current FIRST
 
     # ---------------------------------------------------------------------------------------------------- writing --
     def add(self, exp: Experience) -> None:
-        """Append one step per env: ``exp`` leaves are ``[B, ...]`` and ``exp.env_id`` says which ring each row goes to."""
+        """Append one step per env: ``exp`` leaves are ``[B, ...]``; ``exp.env_id`` says which ring each row goes to."""
         # Storage must be ordinary tensors even when rollouts run under torch.inference_mode.
         with torch.inference_mode(False):
             self._add(exp)
@@ -118,6 +118,7 @@ class RingBuffer:
         return self._write_count - self.oldest_index()
 
     def total_stored(self) -> int:
+        """Readable steps summed over envs."""
         return int(self.num_stored().sum())
 
     def gather(self, env_ids: torch.Tensor, positions: torch.Tensor, length: int) -> Experience:
@@ -143,18 +144,6 @@ class RingBuffer:
             raise RuntimeError("this RingBuffer was built without track_episode_ends=True")
         end = self._episode_end[env_ids, index % self.capacity]
         return torch.where(end >= 0, end, self._write_count[env_ids] - 1)
-
-    def sample_uniform(self, batch_size: int, length: int) -> tuple[Experience, BatchInfo]:
-        """``batch_size`` sequences of ``length`` steps, uniform over all fully stored sequences: ``[B, L]``."""
-        starts = self.num_stored() - length + 1  # sequences that fit, per env
-        starts = torch.clamp(starts, min=0)
-        if int(starts.sum()) == 0:
-            raise RuntimeError(f"the replay buffer holds {self.num_stored().tolist()} steps per env, too few for "
-                               f"sequences of mini_batch_length={length}; collect more (initial_collect_steps)")
-        env_ids = torch.multinomial(starts.float(), batch_size, replacement=True, generator=self._generator)
-        offsets = (torch.rand(batch_size, generator=self._generator) * starts[env_ids]).long()
-        positions = self.oldest_index()[env_ids] + offsets
-        return self.gather(env_ids, positions, length), BatchInfo(env_ids=env_ids, positions=positions)
 
     def gather_all(self) -> Experience:
         """Every readable step as ``[num_envs, T]`` (all envs must hold the same number of steps)."""

@@ -1,13 +1,17 @@
-"""The training loop and what it owns: optimizer, replay, summaries, evaluation, checkpoints."""
-from alfish.trainer.optim import OptimizerConfig
+"""The run: assembly of the parts (build.py), the flag-free loop (trainer.py) and what surrounds it: training steps,
+counters, resume, evaluation, checkpoints, signals, summaries, progress."""
 
-__all__ = ["OptimizerConfig", "Trainer"]
+__all__ = ["Trainer", "build_trainer"]
 
 
 def __getattr__(name: str):
-    # Trainer pulls in every component; import it lazily so `import alfish.trainer.checkpoint` stays light.
+    # The loop pulls in every component; import it lazily so `import alfish.trainer.checkpoint` stays light.
     if name == "Trainer":
         from alfish.trainer.trainer import Trainer
 
         return Trainer
+    if name == "build_trainer":
+        from alfish.trainer.build import build_trainer
+
+        return build_trainer
     raise AttributeError(name)

@@ -1,14 +1,19 @@
 """Synchronous evaluation of the greedy (or epsilon-greedy) policy on separate environments."""
 from __future__ import annotations
 
+import json
+import logging
 import math
-from typing import Callable, NamedTuple, Optional
+import os
+import time
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.data.types import StepType, TimeStep
 from alfish.envs.batched_env import BatchedEnv
+from alfish.seeding import reseed
 
 
 class EvalResult(NamedTuple):
@@ -22,7 +27,7 @@ class Evaluator:
 
     Counting is unbiased towards short episodes: each env contributes exactly its first ``ceil(num_episodes / B)``
     episodes, so the result averages ``B * ceil(num_episodes / B)`` episodes. Each evaluation resets the envs with a
-    new seed (``seed + 7919 * k`` for the k-th evaluation): reproducible, but not always the same start states.
+    new seed (``reseed(seed, k)`` for the k-th evaluation): reproducible, but not always the same start states.
     """
 
     def __init__(self, env: BatchedEnv, num_episodes: int, epsilon_greedy: float, seed: int = 0,
@@ -44,7 +49,7 @@ class Evaluator:
         ret = torch.zeros(n, dtype=torch.float64)
         length = torch.zeros(n, dtype=torch.int64)
         returns, lengths = [], []
-        time_step = self.env.reset(seed=self.seed + 7919 * self.num_evaluations)
+        time_step = self.env.reset(seed=reseed(self.seed, self.num_evaluations))
         self.num_evaluations += 1
         for _ in range(self.max_steps):
             if bool((done >= self.per_env).all()):
@@ -65,3 +70,24 @@ class Evaluator:
                                "steps; does the env ever end an episode (add a TimeLimit)?")
         algorithm.train(was_training)
         return EvalResult(sum(returns) / len(returns), sum(lengths) / len(lengths), len(returns))
+
+
+def record_evaluation(evaluator: Evaluator, algorithm: Algorithm, summaries: Any, root_dir: str, counters: Any) -> None:
+    """Evaluate, then write the result to TensorBoard (``eval/``), one line to ``root_dir/eval_log.jsonl`` and the log.
+
+    ``counters``: the trainer's (``iteration``, ``env_steps``, ``elapsed_s()``).
+    """
+    start = time.monotonic()
+    result = evaluator.evaluate(algorithm)
+    it, env_steps = counters.iteration, counters.env_steps
+    summaries.scalars("eval", dict(average_return=result.average_return,
+                                   average_episode_length=result.average_length, num_episodes=result.num_episodes), it)
+    summaries.scalar("eval_vs_env_steps/average_return", result.average_return, env_steps)
+    seconds = time.monotonic() - start
+    record = dict(iteration=it, env_steps=env_steps, elapsed_s=round(counters.elapsed_s(), 3), eval_s=round(seconds, 3),
+                  average_return=result.average_return, average_episode_length=result.average_length,
+                  num_episodes=result.num_episodes)
+    with open(os.path.join(root_dir, "eval_log.jsonl"), "a") as f:
+        f.write(json.dumps(record) + "\n")
+    logging.info("eval at iteration %d (env steps %d): return %.2f, length %.1f over %d episodes (%.1fs)", it,
+                 env_steps, result.average_return, result.average_length, result.num_episodes, seconds)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from typing import Mapping
 
 import torch
 from torch.utils.tensorboard import SummaryWriter
+
+from alfish.collect.episode_stats import EpisodeStats
 
 
 class Summaries:
@@ -38,6 +41,11 @@ class Summaries:
         for name, value in values.items():
             self.scalar(f"{prefix}/{name}", value, step)
 
+    def write(self, scalars: Mapping[str, float | torch.Tensor], step: int) -> None:
+        """Scalars by their full tag (``loss/total``, ``async/queue_length``, ...)."""
+        for tag, value in scalars.items():
+            self.scalar(tag, value, step)
+
     def flush(self) -> None:
         self.writer.flush()
 
@@ -57,8 +65,45 @@ class NullSummaries:
     def scalars(self, prefix: str, values: Mapping[str, float | torch.Tensor], step: int) -> None:
         pass
 
+    def write(self, scalars: Mapping[str, float | torch.Tensor], step: int) -> None:
+        pass
+
     def flush(self) -> None:
         pass
 
     def close(self) -> None:
         pass
+
+
+class Throughput:
+    """Env steps and iterations per second between two summaries."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, int, int] | None = None  # (time, env steps, iteration)
+
+    def rates(self, env_steps: int, iteration: int) -> dict[str, float]:
+        now = time.monotonic()
+        rates = {}
+        if self._last is not None and now > self._last[0]:
+            seconds = now - self._last[0]
+            rates = {"time/env_steps_per_s": (env_steps - self._last[1]) / seconds,
+                     "time/iterations_per_s": (iteration - self._last[2]) / seconds}
+        self._last = (now, env_steps, iteration)
+        return rates
+
+
+def episode_scalars(stats: EpisodeStats, min_episodes: int) -> dict[str, float]:
+    """Average training return and length once ``min_episodes`` episodes (at most the window) have ended."""
+    if len(stats.returns) < min(min_episodes, stats.returns.maxlen):
+        return {}
+    return {"train/episode_return": stats.average_return(), "train/episode_length": stats.average_length()}
+
+
+def parameter_norms(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``vars/<name>.norm`` of every parameter and ``grads/<name>.norm`` of every gradient."""
+    norms = {}
+    for name, p in module.named_parameters():
+        norms[f"vars/{name}.norm"] = p.detach().norm()
+        if p.grad is not None:
+            norms[f"grads/{name}.norm"] = p.grad.norm()
+    return norms

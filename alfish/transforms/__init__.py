@@ -1,5 +1,10 @@
-from alfish.transforms.base import (DataTransformer, RolloutView, SequentialDataTransformer, build_transformers,
-                                    check_order)
+from alfish.transforms.base import (
+                                    DataTransformer,
+                                    RolloutView,
+                                    SequentialDataTransformer,
+                                    build_transformers,
+                                    check_order,
+)
 from alfish.transforms.frame_stacker import FrameStacker
 from alfish.transforms.hindsight import HindsightExperienceTransformer, sparse_goal_reward
 from alfish.transforms.image import ImageScaleTransformer

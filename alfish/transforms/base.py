@@ -48,7 +48,7 @@ class DataTransformer(nn.Module):
         return time_step, state
 
     def transform_sample(self, exp: Experience, batch_info: BatchInfo, replay: Any) -> Experience:
-        """Sample view: raw batch-major ``[B, L]`` sequences read from ``replay`` (a ``RingBuffer``) at
+        """Sample view: raw batch-major ``[B, L]`` sequences read from ``replay`` (a ``ReplayBuffer``) at
         ``batch_info``'s rings and positions. Only buffer-reading transformers change it."""
         return exp
 

@@ -4,14 +4,13 @@ Mirrors test_loss_isolation.py's SAC tests: critic loss -> critics only; actor l
 through detached weights); target networks never get gradients and move by exactly tau, and for TD3 only on the
 steps where the delayed actor is trained.
 """
-import gymnasium as gym
 import pytest
 import torch
 
 from alfish.algorithms.ddpg import DdpgAlgorithm, Td3Algorithm
-from alfish.data.types import Experience, StepType, TimeStep
+from alfish.data.types import StepType, TimeStep
 
-from .test_loss_isolation import L_, B_, hand_experience, names, params_reached, spaces
+from .test_loss_isolation import B_, L_, hand_experience, names, params_reached, spaces
 
 
 def make(cls, **kwargs):

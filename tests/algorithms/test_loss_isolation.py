@@ -12,10 +12,10 @@ import torch
 from alfish.algorithms.a2c import A2cAlgorithm
 from alfish.algorithms.ppo import PpoAlgorithm, PpoExperienceInfo
 from alfish.algorithms.sac import SacAlgorithm
+from alfish.collect.episode_stats import EpisodeStats
+from alfish.collect.unroller import Unroller
 from alfish.data.types import Experience, StepType
 from alfish.envs.batched_env import BatchedEnv
-from alfish.trainer.metrics import EpisodeStats
-from alfish.trainer.unroller import Unroller
 
 L_, B_ = 3, 4  # time-major [L, B] batches built by hand
 

@@ -8,8 +8,7 @@ import gin
 import pytest
 from gin import config as gin_config
 
-from alfish.config import ConfError, load_conf, load_config_text, write_config_record
-from alfish.config import loading
+from alfish.config import ConfError, load_conf, load_config_text, loading, write_config_record
 
 
 # Configurables for these tests. Names start with "CfgTest"/"cfgtest_" so they cannot collide with (and become

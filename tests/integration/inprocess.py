@@ -39,12 +39,12 @@ TrainerConfig.num_checkpoints = 0
 
 def run_trainer(conf_file: str | os.PathLike, root_dir: str | os.PathLike, params: Sequence[str] = ()) -> int:
     """``python -m alfish.bin.train`` minus the process: load the conf (+ bindings), build the Trainer, run it."""
-    from alfish.trainer.trainer import Trainer
+    from alfish.trainer.build import build_trainer
 
     load_conf(str(conf_file), list(params))
     try:
         config = TrainerConfig(root_dir=str(root_dir))
-        return Trainer(config).run()
+        return build_trainer(config).run()
     finally:
         gin.clear_config()
 

@@ -10,6 +10,8 @@ import time
 import psutil
 import pytest
 
+from alfish.trainer.checkpoint import Checkpointer
+
 from .inprocess import OFF_POLICY_POINT_GOAL, REPO, eval_log, run_trainer_from_text, tb_scalars
 from .test_learning import SAC_POINT_GOAL
 
@@ -130,6 +132,11 @@ def test_sigterm_writes_a_checkpoint_and_stops_the_child(tmp_path):
     assert "checkpoint written" in stderr
     assert wait_gone(child, 10) < 10
     assert shm_entries() <= shm_before
+    # The child built the envs, but the records name them: play and resume rebuild the same env from the root_dir.
+    ckpt = Checkpointer(str(tmp_path / "root" / "checkpoints")).load_latest()
+    assert "create_environment.env_name = 'alfish/Latency-v0'" in ckpt.meta["operative_config"]
+    assert "create_environment.env_name = 'alfish/Latency-v0'" in (tmp_path / "root" / "config" / "operative.gin"
+                                                                   ).read_text()
 
 
 @pytest.mark.timeout(120)

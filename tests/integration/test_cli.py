@@ -88,7 +88,8 @@ def checkpoint_steps(root):
 
 
 def check_ok(proc):
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, (f"exit {proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\n"
+                                  f"stderr:\n{proc.stderr[-3000:]}")
 
 
 @pytest.mark.timeout(180)

@@ -1,4 +1,5 @@
-"""RingBuffer (per-env rings, contiguous uniform sequences) and whole_buffer_minibatches.
+"""RingBuffer (per-env rings) with uniform sequences drawn through ReplayBuffer(storage, UniformSampler()), and
+whole_buffer_minibatches.
 
 Each stored step carries its absolute write index and its episode counter in ``rollout_info``, so contiguity,
 wrap-around and episode boundaries can be checked on every sampled sequence.
@@ -13,7 +14,9 @@ import alfish.envs.toy  # noqa: F401
 from alfish.data.types import Experience, StepType
 from alfish.envs.batched_env import BatchedEnv
 from alfish.replay.batching import to_time_major, whole_buffer_minibatches
+from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.ring_buffer import RingBuffer
+from alfish.replay.samplers import UniformSampler
 
 F, M, L = StepType.FIRST, StepType.MID, StepType.LAST
 
@@ -31,15 +34,20 @@ def step(env_ids, index, episode=None, step_type=None):
         observation=torch.stack([index.float(), env_ids.float()], -1),  # [n, 2]
         action=torch.zeros(n, 1),
         env_id=env_ids,
-        rollout_info=dict(index=index.clone(), episode=episode.clone()),
+        rollout_info={"index": index.clone(), "episode": episode.clone()},
     )
 
 
-def filled(num_envs, capacity, steps, generator=None):
-    buf = RingBuffer(num_envs, capacity, generator=generator)
+def filled(num_envs, capacity, steps):
+    buf = RingBuffer(num_envs, capacity)
     for i in range(steps):
         buf.add(step(torch.arange(num_envs), i))
     return buf
+
+
+def uniform(storage, generator=None):
+    """The storage with a uniform sampler: ``sample`` draws what ``RingBuffer.sample_uniform`` used to."""
+    return ReplayBuffer(storage, UniformSampler(generator))
 
 
 # ------------------------------------------------------------------------- sequences from a real batched env ---
@@ -51,19 +59,19 @@ def test_sequences_from_real_env_are_contiguous_and_show_episode_boundaries():
     num_envs, capacity, total, length = 3, 16, 45, 6
     env = BatchedEnv("alfish/Chain-v0", num_envs, seed=4)
     gen = torch.Generator().manual_seed(0)
-    buf = RingBuffer(num_envs, capacity, generator=torch.Generator().manual_seed(1))
+    buf = uniform(RingBuffer(num_envs, capacity), torch.Generator().manual_seed(1))
     ts = env.reset()
     episode = torch.zeros(num_envs, dtype=torch.int64)
     for i in range(total):
         episode += (ts.step_type == F).long()  # counted by the test, from the stream it fed in
         action = torch.randint(0, 2, (num_envs,), generator=gen)
-        exp = Experience.from_time_step(ts, action, dict(index=torch.full((num_envs,), i), episode=episode.clone()))
+        exp = Experience.from_time_step(ts, action, {"index": torch.full((num_envs,), i), "episode": episode.clone()})
         buf.add(exp)
         ts = env.step(action)
     env.close()
     assert buf.num_stored().tolist() == [capacity] * num_envs
 
-    exp, info = buf.sample_uniform(batch_size=600, length=length)
+    exp, info = buf.sample(batch_size=600, length=length)
     idx, ep, st = exp.rollout_info["index"], exp.rollout_info["episode"], exp.step_type
     assert idx.shape == ep.shape == st.shape == (600, length)
     assert exp.observation.shape == (600, length, 5)
@@ -85,8 +93,8 @@ def test_sequences_from_real_env_are_contiguous_and_show_episode_boundaries():
 def test_no_wrap_exact_set_of_sequences():
     # capacity 5, 7 writes: the ring holds indices 2..6 (slots 2,3,4,0,1). Length 3 -> exactly [2,3,4], [3,4,5],
     # [4,5,6]; never [5,6,2] or [6,2,3] (wrapping from the newest to the oldest).
-    buf = filled(1, 5, 7, generator=torch.Generator().manual_seed(0))
-    exp, info = buf.sample_uniform(300, 3)
+    buf = uniform(filled(1, 5, 7), torch.Generator().manual_seed(0))
+    exp, info = buf.sample(300, 3)
     seen = Counter(tuple(row) for row in exp.rollout_info["index"].tolist())
     assert set(seen) == {(2, 3, 4), (3, 4, 5), (4, 5, 6)}
     assert all(count > 60 for count in seen.values())  # ~100 each
@@ -97,15 +105,15 @@ def test_no_wrap_exact_set_of_sequences():
 def test_start_positions_are_uniform_over_all_stored_sequences():
     """env 0 holds 15 writes in a ring of 10 (indices 5..14 -> 8 starts for length 3), env 1 only 5 (indices 0..4 ->
     3 starts). 11 sequences in all; each should be drawn ~1/11 of the time, so env 1 gets ~3/11 (not 1/2)."""
-    buf = RingBuffer(2, 10, generator=torch.Generator().manual_seed(123))
+    buf = uniform(RingBuffer(2, 10), torch.Generator().manual_seed(123))
     for i in range(15):
         ids = [0, 1] if i < 5 else [0]
         buf.add(step(ids, i))
     assert buf.num_stored().tolist() == [10, 5]
     n = 22000
-    _, info = buf.sample_uniform(n, 3)
+    _, info = buf.sample(n, 3)
     counts = Counter(zip(info.env_ids.tolist(), info.positions.tolist()))
-    expected_keys = {(0, p) for p in range(5, 13)} | {(1, p) for p in range(0, 3)}
+    expected_keys = {(0, p) for p in range(5, 13)} | {(1, p) for p in range(3)}
     assert set(counts) == expected_keys
     # n / 11 = 2000 per sequence; binomial std = sqrt(n * 1/11 * 10/11) ~ 43, so +-300 is ~7 std: loose but it
     # catches e.g. "pick an env uniformly, then a start" (env 1's starts would get n / 6 ~ 3667 each).
@@ -113,11 +121,25 @@ def test_start_positions_are_uniform_over_all_stored_sequences():
         assert 1700 <= counts[key] <= 2300, (key, counts[key])
 
 
+def test_uniform_sampler_draws_what_ring_buffer_sample_uniform_drew():
+    # Seeded runs must not change: these are the draws of the former RingBuffer.sample_uniform (generator seeded 5)
+    # on the same buffer (uneven envs, after a clear), recorded before it moved into UniformSampler.
+    buf = uniform(RingBuffer(3, 6), torch.Generator().manual_seed(5))
+    for i in range(8):
+        buf.add(step([0, 1, 2] if i < 4 else [0, 2], i))
+    buf.clear(keep_last=5)
+    assert buf.num_stored().tolist() == [5, 4, 5] and buf.oldest_index().tolist() == [3, 0, 3]
+    _, info = buf.sample(10, 2)
+    assert info.env_ids.tolist() == [2, 0, 0, 0, 0, 2, 1, 2, 2, 1]
+    assert info.positions.tolist() == [5, 4, 3, 6, 6, 3, 1, 5, 4, 1]
+    assert info.importance_weights is None
+
+
 def test_too_few_steps_for_the_length_is_a_clear_error():
-    buf = filled(2, 8, 3)
+    buf = uniform(filled(2, 8, 3))
     with pytest.raises(RuntimeError, match=r"holds \[3, 3\] steps per env, too few for sequences of "
                                            r"mini_batch_length=4"):
-        buf.sample_uniform(4, 4)
+        buf.sample(4, 4)
 
 
 # ---------------------------------------------------------------------------------------------------- clearing ---
@@ -134,7 +156,7 @@ def test_clear_keep_last_keeps_exactly_the_newest_step_per_env():
     for i in (7, 8):
         buf.add(step([0, 1], i))
     assert buf.gather_all().rollout_info["index"].tolist() == [[6, 7, 8], [6, 7, 8]]
-    exp, _ = buf.sample_uniform(50, 2)
+    exp, _ = uniform(buf).sample(50, 2)
     assert {tuple(r) for r in exp.rollout_info["index"].tolist()} <= {(6, 7), (7, 8)}
     buf.clear()
     assert buf.num_stored().tolist() == [0, 0]
@@ -163,7 +185,7 @@ def test_gather_all_needs_equal_counts():
 # ---------------------------------------------------------------------------------------------- checkpointing ---
 
 def test_state_dict_round_trip_gives_identical_samples():
-    a = filled(2, 6, 9, generator=torch.Generator().manual_seed(7))
+    a = uniform(filled(2, 6, 9), torch.Generator().manual_seed(7))
     a.clear(keep_last=4)  # the readable window is part of the state
     state = a.state_dict()
     # Through the checkpoint format: torch.save + torch.load(weights_only=True).
@@ -171,12 +193,12 @@ def test_state_dict_round_trip_gives_identical_samples():
     torch.save(state, blob)
     blob.seek(0)
     state = torch.load(blob, weights_only=True)
-    b = RingBuffer(2, 6, generator=torch.Generator().manual_seed(7))
+    b = uniform(RingBuffer(2, 6), torch.Generator().manual_seed(7))
     b.load_state_dict(state, example=step([0, 1], 0))
     assert b.num_stored().tolist() == a.num_stored().tolist() == [4, 4]
     for _ in range(3):
-        ea, ia = a.sample_uniform(16, 3)
-        eb, ib = b.sample_uniform(16, 3)
+        ea, ia = a.sample(16, 3)
+        eb, ib = b.sample(16, 3)
         assert torch.equal(ia.env_ids, ib.env_ids) and torch.equal(ia.positions, ib.positions)
         for x, y in zip(torch.utils._pytree.tree_leaves(ea), torch.utils._pytree.tree_leaves(eb)):
             assert torch.equal(x, y)
@@ -184,8 +206,8 @@ def test_state_dict_round_trip_gives_identical_samples():
     # Writing continues at the same slots in both.
     a.add(step([0, 1], 9))
     b.add(step([0, 1], 9))
-    assert torch.equal(a.gather_all().rollout_info["index"], b.gather_all().rollout_info["index"])
-    assert b.gather_all().rollout_info["index"].tolist() == [[5, 6, 7, 8, 9]] * 2
+    assert torch.equal(a.gather_all()[0].rollout_info["index"], b.gather_all()[0].rollout_info["index"])
+    assert b.gather_all()[0].rollout_info["index"].tolist() == [[5, 6, 7, 8, 9]] * 2
 
 
 # ------------------------------------------------------------------------------------- whole-buffer mini-batches ---
@@ -228,6 +250,7 @@ def test_storage_holds_no_more_than_the_raw_bytes_of_a_step():
     # Pendulum-like step: obs 3 x f32 (12 B) + action 1 x f32 (4) + reward f32 (4) + discount f32 (4) + step type
     # int8 (1) = 25 B of raw data; env_id is the ring's own index and must not be stored.
     import torch as _torch
+
     from alfish.data.types import Experience as _Exp
     from alfish.replay.ring_buffer import RingBuffer as _Ring
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-import alfish.replay.segment_tree as segment_tree
+from alfish.replay import segment_tree
 from alfish.replay.segment_tree import MinTree, SumTree, last_write_wins
 
 

@@ -21,7 +21,7 @@ from tests.trainer.ddp_batches import build_algorithm_and_batch  # noqa: E402
 
 def grads(out_dir: str, algo: str) -> None:
     from alfish.data import nest
-    from alfish.trainer.distributed import init_distributed, shutdown, wrap_for_ddp
+    from alfish.learn.distributed import init_distributed, shutdown, wrap_for_ddp
 
     ctx = init_distributed()
     algorithm, batch = build_algorithm_and_batch(algo)  # the same on every rank (fixed seeds)
@@ -36,7 +36,7 @@ def grads(out_dir: str, algo: str) -> None:
 
 def check(out_dir: str, algo: str) -> None:
     """Rank 1 nudges one parameter; the consistency check must name it on every rank."""
-    from alfish.trainer.distributed import check_parameters_equal, init_distributed, shutdown
+    from alfish.learn.distributed import check_parameters_equal, init_distributed, shutdown
 
     ctx = init_distributed()
     algorithm, _ = build_algorithm_and_batch(algo)
@@ -56,11 +56,11 @@ def check(out_dir: str, algo: str) -> None:
 def train(out_dir: str, conf: str, root_dir: str) -> None:
     from alfish.bin.train import setup_logging
     from alfish.config import TrainerConfig, load_conf
-    from alfish.trainer.trainer import Trainer
+    from alfish.trainer.build import build_trainer
 
     load_conf(conf)
     setup_logging(root_dir)  # as ``python -m alfish.bin.train``: rank 0 logs to root_dir/log.txt
-    trainer = Trainer(TrainerConfig(root_dir=root_dir))
+    trainer = build_trainer(TrainerConfig(root_dir=root_dir))
     algorithm = trainer.algorithm
     assert trainer.run() == 0
     torch.save(algorithm.state_dict(), os.path.join(out_dir, f"params-rank{os.environ['RANK']}.pt"))

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from alfish.config import TrainerConfig, load_conf
-from alfish.trainer.trainer import Trainer
+from alfish.trainer.build import build_trainer
 from tests.integration.inprocess import OFF_POLICY_POINT_GOAL
 
 DDPG = OFF_POLICY_POINT_GOAL + """
@@ -24,13 +24,13 @@ def trainer_from(tmp_path, text, name="run"):
     conf.write_text(text)
     load_conf(str(conf))
     try:
-        return Trainer(TrainerConfig(root_dir=str(tmp_path / name)))
+        return build_trainer(TrainerConfig(root_dir=str(tmp_path / name)))
     finally:
         gin.clear_config()
 
 
 def stored_actions(trainer):
-    exp = trainer.replay.gather_all()  # [1 env, T]
+    exp, _ = trainer.replay.gather_all()  # [1 env, T]
     return exp.action[0, :, 0]
 
 

@@ -45,8 +45,8 @@ def naive_stack(env: int, t: int) -> torch.Tensor:
 def time_step(t: int) -> TimeStep:
     step_type = torch.tensor([STEP_TYPES[e][t] for e in range(NUM_ENVS)], dtype=torch.int8)
     obs = torch.stack([frame(e, t) for e in range(NUM_ENVS)])
-    return TimeStep(step_type, torch.zeros(NUM_ENVS), torch.ones(NUM_ENVS), obs, torch.zeros(NUM_ENVS, dtype=torch.long),
-                    torch.arange(NUM_ENVS))
+    return TimeStep(step_type, torch.zeros(NUM_ENVS), torch.ones(NUM_ENVS), obs,
+                    torch.zeros(NUM_ENVS, dtype=torch.long), torch.arange(NUM_ENVS))
 
 
 SPACE = gym.spaces.Box(-1000.0, 1000.0, shape=(2,), dtype=np.float32)

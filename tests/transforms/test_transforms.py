@@ -4,12 +4,21 @@ import numpy as np
 import pytest
 import torch
 
-from alfish.data.types import Experience, StepType, TimeStep
-from alfish.data.types import BatchInfo
+from alfish.data.types import BatchInfo, Experience, StepType, TimeStep
 from alfish.replay.batching import to_time_major
-from alfish.transforms import (FrameStacker, HindsightExperienceTransformer, ImageScaleTransformer,
-                               ObservationNormalizer, RewardClipping, RewardNormalizer, RewardScaling, RunningMeanStd,
-                               SequentialDataTransformer, UntransformedTimeStep, build_transformers)
+from alfish.transforms import (
+    FrameStacker,
+    HindsightExperienceTransformer,
+    ImageScaleTransformer,
+    ObservationNormalizer,
+    RewardClipping,
+    RewardNormalizer,
+    RewardScaling,
+    RunningMeanStd,
+    SequentialDataTransformer,
+    UntransformedTimeStep,
+    build_transformers,
+)
 
 BOX = gym.spaces.Box(-10.0, 10.0, shape=(3,), dtype=np.float32)
 _GOAL = gym.spaces.Box(-10.0, 10.0, shape=(2,), dtype=np.float32)

@@ -4,13 +4,14 @@
 
 For each layout (envs x steps per env, a full ring), times in the same run:
   * sample: ``PrioritizedSampler.sample`` of ``batch`` sequences of ``length`` steps (stratified draw, leaf -> absolute
-    position, importance weights) vs numpy: ``np.cumsum`` over the priority array + ``np.searchsorted`` for the same
-    stratified targets, the same position mapping and weights.
-  * update: ``PrioritizedSampler.update_priorities`` of ``batch`` sampled starts vs numpy direct assignment
+    position, importance weights; not the gather of the steps, which ``ReplayBuffer.sample`` adds) vs numpy:
+    ``np.cumsum`` over the priority array + ``np.searchsorted`` for the same stratified targets, the same position
+    mapping and weights.
+  * update: ``ReplayBuffer.update_priorities`` of ``batch`` sampled starts vs numpy direct assignment
     ``p[leaves] = (priority + eps) ** alpha``.
-  * add + sample: one ``RingBuffer.add`` to every env with the sampler's ``on_add``, then a sample (the sampler
-    refreshes the leaves an add dirtied in one batch at the next sample): the cost per iteration of a loop that adds
-    one step per env and samples once (SAC's). The numpy peer's add is two direct assignments.
+  * add + sample: one ``ReplayBuffer.add`` to every env (storage add + the sampler's ``on_add``), then a sample (the
+    sampler refreshes the leaves an add dirtied in one batch at the next sample): the cost per iteration of a loop that
+    adds one step per env and samples once (SAC's). The numpy peer's add is two direct assignments.
 Calls alternate between the two in blocks; the median time per call is printed with the ratio numpy / alfish.
 torch runs on 1 thread (``--threads``), numpy's cumsum/searchsorted are single-threaded.
 
@@ -31,6 +32,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from alfish.data.types import Experience
 from alfish.replay.prioritized import PrioritizedSampler
+from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.ring_buffer import RingBuffer
 from alfish.replay.segment_tree import SumTree
 
@@ -43,8 +45,9 @@ def full_ring(num_envs: int, capacity: int) -> RingBuffer:
     example = Experience(step_type=torch.ones(1, dtype=torch.int8), reward=torch.zeros(1), discount=torch.ones(1),
                          observation=torch.zeros(1, 3), action=torch.zeros(1, 1),
                          env_id=torch.zeros(1, dtype=torch.long))
+    # (env_id is not stored: it is the ring's own index)
     leaves = [torch.ones(n, dtype=torch.int8), torch.randn(n), torch.ones(n), torch.randn(n + (3,)),
-              torch.randn(n + (1,)), torch.arange(num_envs).unsqueeze(1).expand(n).contiguous()]
+              torch.randn(n + (1,))]
     ring = RingBuffer(num_envs, capacity)
     count = torch.full((num_envs,), capacity, dtype=torch.int64)
     ring.load_state_dict({"write_count": count, "oldest": torch.zeros(num_envs, dtype=torch.int64), "leaves": leaves},
@@ -53,13 +56,13 @@ def full_ring(num_envs: int, capacity: int) -> RingBuffer:
 
 
 def sampler_state(num_envs: int, capacity: int, length: int, stored: np.ndarray) -> dict:
-    """The state of a sampler whose ring is full, with ``stored`` priorities (0 on the newest ``length - 1`` steps)."""
+    """The state of a sampler whose ring is full, with ``stored`` priorities (0 on the newest ``length - 1`` steps);
+    the write counts are the ring's."""
     tree = SumTree(num_envs * capacity)
     tree.update(torch.arange(num_envs * capacity), torch.from_numpy(stored))
     return {"sum_tree": tree.state_dict()["values"], "assigned": torch.from_numpy(stored).float(),
             "max_priority": torch.tensor(float(stored.max()), dtype=torch.float32),
-            "write_count": torch.full((num_envs,), capacity, dtype=torch.int64),
-            "floor": torch.zeros(num_envs, dtype=torch.int64)}
+            "dirty": torch.zeros(0, dtype=torch.int64)}
 
 
 class NumpyPrioritized:
@@ -142,12 +145,13 @@ def bench_layout(num_envs: int, capacity: int, batch: int, length: int, calls: i
     stored[:, capacity - length + 1:] = 0.0  # the newest length - 1 steps start no full sequence
     stored = stored.reshape(-1)
     ring = full_ring(num_envs, capacity)
-    sampler = PrioritizedSampler(num_envs, capacity, sequence_length=length, alpha=ALPHA, eps=EPS)
+    sampler = PrioritizedSampler(num_envs, capacity, sequence_length=length, alpha=ALPHA, beta=BETA, eps=EPS,
+                                 generator=torch.Generator().manual_seed(0))
+    buffer = ReplayBuffer(ring, sampler)
     sampler.load_state_dict(sampler_state(num_envs, capacity, length, stored))
     peer = NumpyPrioritized(num_envs, capacity, length, stored, rng)
-    gen = torch.Generator().manual_seed(0)
 
-    env_ids, positions, _ = sampler.sample(batch, length, ring, BETA, gen)
+    info = sampler.sample(ring, batch, length)
     priorities = torch.rand(batch) * 5
     np_env, np_pos, _ = peer.sample(batch)
     np_prio = priorities.numpy()
@@ -158,21 +162,20 @@ def bench_layout(num_envs: int, capacity: int, batch: int, length: int, calls: i
                       action=torch.zeros(num_envs, 1), env_id=all_envs)
 
     def add_and_sample() -> None:
-        sampler.on_add(all_envs)
-        ring.add(step)
-        sampler.sample(batch, length, ring, BETA, gen)
+        buffer.add(step)
+        sampler.sample(ring, batch, length)
 
     def add_and_sample_numpy() -> None:
         peer.add()
         peer.sample(batch)
 
-    ops = {"sample": count_ops(lambda: sampler.sample(batch, length, ring, BETA, gen)),
-           "update": count_ops(lambda: sampler.update_priorities(env_ids, positions, priorities))}
+    ops = {"sample": count_ops(lambda: sampler.sample(ring, batch, length)),
+           "update": count_ops(lambda: buffer.update_priorities(info, priorities))}
     t = {"sample": [], "sample_numpy": [], "update": [], "update_numpy": [], "add_sample": [], "add_sample_numpy": []}
     for _ in range(blocks):
-        t["sample"] += median_ms(lambda: sampler.sample(batch, length, ring, BETA, gen), calls // blocks)
+        t["sample"] += median_ms(lambda: sampler.sample(ring, batch, length), calls // blocks)
         t["sample_numpy"] += median_ms(lambda: peer.sample(batch), max(calls // blocks // 4, 5))
-        t["update"] += median_ms(lambda: sampler.update_priorities(env_ids, positions, priorities), calls // blocks)
+        t["update"] += median_ms(lambda: buffer.update_priorities(info, priorities), calls // blocks)
         t["update_numpy"] += median_ms(lambda: peer.update(np_env, np_pos, np_prio), calls // blocks)
     # Adds move the newest steps (and so the sampled positions above), so they come last.
     for _ in range(blocks):

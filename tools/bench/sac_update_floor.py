@@ -14,7 +14,7 @@ import torch
 
 from alfish.algorithms.sac import SacAlgorithm
 from alfish.data.types import Experience
-from alfish.trainer.optim import OptimizerConfig
+from alfish.learn.optim import OptimizerConfig
 
 
 def mlp_macs(dims: list[int]) -> int:

@@ -1,4 +1,4 @@
-"""One mixed-precision policy for the trainer (DESIGN.md §3.9): autocast around the loss, a gradient scaler for fp16.
+"""One mixed-precision policy for the learner (DESIGN.md §3.9): autocast around the loss, a gradient scaler for fp16.
 
 bf16 keeps float32's exponent range, so it needs no loss scaling; fp16 does (``torch.amp.GradScaler``). The scaler's
 state (current scale, growth tracker) is checkpointed.
@@ -6,7 +6,7 @@ state (current scale, growth tracker) is checkpointed.
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager, Optional
+from contextlib import AbstractContextManager
 
 import gin
 import torch
@@ -22,7 +22,7 @@ class AmpPolicy:
     (CPU autocast supports bf16).
     """
 
-    def __init__(self, enabled: bool, device_type: str = "cpu", dtype: Optional[str] = None):
+    def __init__(self, enabled: bool, device_type: str = "cpu", dtype: str | None = None):
         self.enabled, self.device_type = enabled, device_type
         dtype = dtype or ("float16" if device_type == "cuda" else "bfloat16")
         if dtype not in DTYPES:
@@ -34,7 +34,7 @@ class AmpPolicy:
         self.scaler = torch.amp.GradScaler(device_type, enabled=enabled and dtype == "float16")
         self.skipped_steps = 0
 
-    def autocast(self) -> ContextManager:
+    def autocast(self) -> AbstractContextManager:
         """The context the loss is computed in."""
         if not self.enabled:
             return contextlib.nullcontext()
@@ -64,10 +64,10 @@ class AmpPolicy:
         if not self.enabled:
             return {}
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        return dict(loss_scale=float(scale), skipped_steps=float(self.skipped_steps))
+        return {"loss_scale": float(scale), "skipped_steps": float(self.skipped_steps)}
 
     def state_dict(self) -> dict:
-        return dict(scaler=self.scaler.state_dict(), skipped_steps=self.skipped_steps)
+        return {"scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("scaler"):

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from alfish.trainer.optim import OptimizerConfig
+from alfish.learn.optim import OptimizerConfig
 
 
 def _grads(seed: int) -> list[torch.nn.Parameter]:
@@ -33,7 +33,7 @@ def test_no_clipping_and_bad_value():
 
 def test_build_uses_the_algorithm_learning_rates_per_group():
     a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
-    opt = OptimizerConfig(eps=1e-5).build([dict(name="actor", params=[a], lr=1e-3), dict(params=[b], lr=3e-4)])
+    opt = OptimizerConfig(eps=1e-5).build([{"name": "actor", "params": [a], "lr": 1e-3}, {"params": [b], "lr": 3e-4}])
     assert [g["lr"] for g in opt.param_groups] == [1e-3, 3e-4]
     assert [g["name"] for g in opt.param_groups] == ["actor", "default"]
     assert opt.param_groups[0]["eps"] == 1e-5

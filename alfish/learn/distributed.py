@@ -11,7 +11,7 @@ import dataclasses
 import datetime
 import logging
 import os
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import gin
 import torch
@@ -19,6 +19,8 @@ import torch.distributed as dist
 from torch import nn
 
 from alfish.data.types import Experience, LossInfo
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -28,7 +30,7 @@ class DistContext:
     rank: int = 0
     world_size: int = 1
     local_rank: int = 0
-    backend: Optional[str] = None
+    backend: str | None = None
 
     @property
     def is_main(self) -> bool:
@@ -41,7 +43,7 @@ class DistContext:
 
 
 @gin.configurable
-def init_distributed(backend: Optional[str] = None, timeout_s: float = 30.0) -> DistContext:
+def init_distributed(backend: str | None = None, timeout_s: float = 30.0) -> DistContext:
     """Join the torchrun job described by the environment, or return a single-process context.
 
     backend: ``None`` chooses nccl when CUDA is available, else gloo; ``'gloo'`` or ``'nccl'`` override.
@@ -61,7 +63,7 @@ def init_distributed(backend: Optional[str] = None, timeout_s: float = 30.0) -> 
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    logging.info("distributed: rank %d of %d (local rank %d), backend %s, collective timeout %.0f s", rank,
+    logger.info("distributed: rank %d of %d (local rank %d), backend %s, collective timeout %.0f s", rank,
                  world_size, local_rank, backend, timeout_s)
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)
 
@@ -158,7 +160,7 @@ def bind_envs_per_rank(ctx: DistContext) -> None:
     local = split_total(total, ctx, "create_environment.num_parallel_environments")
     with gin.unlock_config():
         gin.bind_parameter("create_environment.num_parallel_environments", local)
-    logging.info("create_environment.num_parallel_environments: %d per rank (job total %d)", local, total)
+    logger.info("create_environment.num_parallel_environments: %d per rank (job total %d)", local, total)
 
 
 def broadcast_object(obj: object, ctx: DistContext) -> object:

@@ -1,5 +1,6 @@
-"""AsyncUnroller with a real child process (spawn): order and completeness of steps, non-blocking drain, parameter
-updates visible in the child's actions, pacing, and the fault cases (exception, SIGKILL, close) within their bounds.
+"""AsyncCollector with a real child process (spawn): the child owns the envs and reports their spec; order and
+completeness of steps, non-blocking drain, parameter updates visible in the child's actions, pacing, and the fault
+cases (exception, SIGKILL, close) within their bounds.
 """
 import os
 import signal
@@ -9,12 +10,12 @@ import gin
 import pytest
 import torch
 
+from alfish.algorithms.build import build_policy
+from alfish.collect.async_collector import AsyncCollector, AsyncUnrollError, UnrollSpec
+from alfish.collect.collector import ProgressPoint
 from alfish.config import TrainerConfig, load_conf
 from alfish.data.types import StepType
-from alfish.envs.batched_env import create_environment
-from alfish.trainer.async_unroller import AsyncUnroller, AsyncUnrollError, UnrollSpec, rollout_state
-from alfish.trainer.trainer import build_algorithm
-from alfish.transforms.base import build_transformers
+from alfish.envs.batched_env import environment_settings
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -39,28 +40,23 @@ TrainerConfig.mini_batch_length = 2
 
 
 class Rig:
-    """A parent side as the trainer builds it: algorithm and transformers here, the unroller child started."""
+    """A trainer side as build_trainer makes it: the child started (it owns the envs), the policy built here from the
+    spec it reported, then started."""
 
     def __init__(self, tmp_path, conf_text, queue_size=50, interval_s=0.0):
         conf = tmp_path / "conf.gin"
         conf.write_text(conf_text)
         load_conf(str(conf))
         config = TrainerConfig(root_dir=str(tmp_path / "root"))
-        env = create_environment(seed=0)
-        self.transformer = build_transformers(config.data_transformer_ctor, env.observation_space)
-        self.algorithm = build_algorithm(config, env, self.transformer)
-        env.close()
-        spec = UnrollSpec(gin.config_str(), str(tmp_path / "root"), seed=3, step_interval_s=interval_s,
-                          parent_pid=os.getpid())
-        self.unroller = AsyncUnroller(spec, self.state(), queue_size)
-        self.publish()
-        self.unroller.start()
-
-    def state(self):
-        return rollout_state(self.algorithm, self.transformer)
+        spec = UnrollSpec(environment_settings(seed=3), gin.config_str(), str(tmp_path / "root"),
+                          step_interval_s=interval_s, parent_pid=os.getpid())
+        self.unroller = AsyncCollector(spec, queue_size)
+        self.transformer, self.algorithm = build_policy(config, self.unroller.spec)
+        self.stored = []
+        self.unroller.start(self.algorithm, self.transformer, self.stored.append, 3, ProgressPoint(0, 0, 0.0))
 
     def publish(self):
-        return self.unroller.publish(self.state(), (0, 0, 0.0))
+        return self.unroller.publish(ProgressPoint(0, 0, 0.0))
 
 
 @pytest.fixture
@@ -77,9 +73,16 @@ def rig_factory(tmp_path):
     gin.clear_config()
 
 
+def test_the_child_reports_the_spec_of_the_envs_it_owns(rig_factory):
+    rig = rig_factory(SAC_POINT_GOAL)
+    assert rig.unroller.spec.num_envs == 2 and rig.unroller.spec.observation_space.shape == (1,)
+    assert rig.unroller.collect(3) == 3 and len(rig.stored) == 3  # collect hands every step to the sink
+    assert rig.unroller.stats.num_episodes == 0  # episodes are tracked on this side (10 steps each)
+
+
 def test_steps_arrive_complete_and_in_order_per_env(rig_factory):
     rig = rig_factory(SAC_POINT_GOAL)
-    steps = rig.unroller.collect(45)
+    steps = rig.unroller.receive(45)
     assert len(steps) == 45
     step_type = torch.stack([s.experience.step_type for s in steps])  # [T, B]
     obs = torch.stack([s.experience.observation[:, 0] for s in steps])
@@ -102,7 +105,7 @@ def test_collect_without_a_count_drains_what_arrived_without_blocking(rig_factor
     deadline = time.monotonic() + 20
     while seen < 10 and time.monotonic() < deadline:
         start = time.monotonic()
-        got = rig.unroller.collect(None, max_steps=3)
+        got = rig.unroller.receive(None, max_steps=3)
         assert time.monotonic() - start < 0.1  # never waits for steps
         assert len(got) <= 3
         seen += len(got)
@@ -122,11 +125,11 @@ def test_child_acts_with_new_parameters_after_they_are_published(rig_factory):
         head.weight.zero_()
         head.bias.copy_(torch.tensor([0.0, 5.0]))  # always "right"
     first = rig.publish()
-    before = rig.unroller.collect(20)
+    before = rig.unroller.receive(20)
     with torch.no_grad():
         head.bias.copy_(torch.tensor([5.0, 0.0]))  # always "left"
     second = rig.publish()
-    after = rig.unroller.collect(40)
+    after = rig.unroller.receive(40)
     by_version = {}
     for s in before + after:
         if int(s.experience.step_type[0]) != StepType.LAST:  # the action at LAST is ignored by the env anyway
@@ -138,9 +141,9 @@ def test_child_acts_with_new_parameters_after_they_are_published(rig_factory):
 
 def test_pacing_holds_the_step_interval(rig_factory):
     rig = rig_factory(SAC_POINT_GOAL, queue_size=100, interval_s=0.05)
-    rig.unroller.collect(1)
+    rig.unroller.receive(1)
     start = time.monotonic()
-    rig.unroller.collect(30)
+    rig.unroller.receive(30)
     per_step = (time.monotonic() - start) / 30
     assert 0.05 * 0.85 < per_step < 0.05 * 1.3, per_step
 
@@ -151,7 +154,7 @@ create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latency_s':
 """)
     start = time.monotonic()
     with pytest.raises(AsyncUnrollError) as info:
-        rig.unroller.collect(1000)
+        rig.unroller.receive(1000)
     assert time.monotonic() - start < 10
     message = str(info.value)
     assert "the async unroll child (pid" in message and "failed:" in message
@@ -160,13 +163,13 @@ create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latency_s':
 
 def test_killed_child_is_reported_with_signal_and_pid_and_close_leaves_no_process(rig_factory):
     rig = rig_factory(SAC_POINT_GOAL)
-    rig.unroller.collect(5)
+    rig.unroller.receive(5)
     pid = rig.unroller.process.pid
     os.kill(pid, signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(AsyncUnrollError, match=rf"the async unroll child \(pid {pid}\) was killed by signal SIGKILL"):
         while True:
-            rig.unroller.collect(10)
+            rig.unroller.receive(10)
     assert time.monotonic() - start < 10
     rig.unroller.close()
     with pytest.raises(ProcessLookupError):
@@ -175,7 +178,7 @@ def test_killed_child_is_reported_with_signal_and_pid_and_close_leaves_no_proces
 
 def test_close_stops_a_child_blocked_on_a_full_queue(rig_factory):
     rig = rig_factory(SAC_POINT_GOAL, queue_size=2)
-    rig.unroller.collect(1)
+    rig.unroller.receive(1)
     time.sleep(1.0)  # the child fills the queue and waits on it
     pid = rig.unroller.process.pid
     start = time.monotonic()

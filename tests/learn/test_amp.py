@@ -3,7 +3,7 @@ GPU), scaler state round trip; and AMP bf16 training reaching the tiny env's thr
 import pytest
 import torch
 
-from alfish.trainer.amp import AmpPolicy
+from alfish.learn.amp import AmpPolicy
 from tests.integration.inprocess import eval_log, run_trainer_from_text
 from tests.integration.test_learning import SAC_POINT_GOAL
 
@@ -19,7 +19,7 @@ def test_bf16_autocast_on_cpu_runs_matmuls_in_bf16_and_steps_without_a_scaler():
     before = layer.weight.detach().clone()
     policy.backward(out.float().pow(2).mean())
     assert policy.step(optimizer) and not torch.equal(before, layer.weight)
-    assert policy.summary() == dict(loss_scale=1.0, skipped_steps=0.0)
+    assert policy.summary() == {"loss_scale": 1.0, "skipped_steps": 0.0}
 
 
 def test_disabled_policy_changes_nothing():

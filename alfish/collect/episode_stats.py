@@ -1,4 +1,5 @@
-"""Episode return and length, tracked from the stream of TimeSteps without per-env Python loops."""
+"""Episode return and length of the training envs, tracked from the stream of TimeSteps without per-env Python
+loops."""
 from __future__ import annotations
 
 from collections import deque

@@ -1,0 +1,253 @@
+"""Asynchronous collection: the training envs and a copy of the rollout policy step in a child process, feeding a
+bounded queue that the trainer drains (DESIGN.md §3.7: the child gets a picklable spec; every wait has a timeout).
+
+Trainer (``AsyncCollector``)                          Child (``async_child.child_main``, started with ``spawn``)
+  __init__: spawn, wait for the EnvSpec           <-  builds the envs (the only training instance), reports their spec
+  start(): parameter block + version 1, 'start'   ->  builds the policy from the spec, loads the parameters, resets
+  collect(): steps from the queue, liveness       <-  runs the Unroller: one item per env step (raw Experience [B],
+             checks every 0.2 s                        numpy), the parameter version that acted, the env step time
+  publish_parameters(): a new version             ->  loaded before the next step when the version moved
+  close(): stop event, join with timeout, kill        exits on the stop event, or when the trainer is gone
+
+Only the rollout policy's tensors cross (``Algorithm.rollout_module_names``) plus the data transformers' state, never
+the optimizer. An exception in the child reaches the trainer with the child's traceback; a child killed by a signal is
+reported with the signal and pid. Data transformer statistics (normalizers) are updated here from the received steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import multiprocessing as mp
+import queue
+import signal
+import time
+from typing import Any, Optional
+
+import torch
+
+from alfish.algorithms.base import Algorithm
+from alfish.collect.async_child import UnrollSpec, child_main
+from alfish.collect.collector import Collector, ProgressPoint, Sink
+from alfish.collect.episode_stats import EpisodeStats
+from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock, SharedParams, rollout_state
+from alfish.data import nest
+from alfish.data.types import Experience, TimeStep
+from alfish.transforms.base import DataTransformer
+
+__all__ = ["AsyncCollector", "AsyncUnrollError", "PolicyLag", "ReceivedStep", "UnrollSpec", "rollout_state"]
+
+
+@dataclasses.dataclass
+class ReceivedStep:
+    """One env step of every env, as the trainer receives it."""
+
+    experience: Experience  # [B, ...], raw (untransformed)
+    version: int  # parameter version that chose the actions
+    env_step_s: float  # wall-clock of the env.step call in the child
+
+
+class AsyncCollector(Collector):
+    """Starts the child, publishes parameters to it and collects its steps.
+
+    queue_size: capacity of the step queue (items are whole batched env steps); when full the child waits.
+    max_unroll_length: ``collect(0)`` takes what has arrived, at most this many steps per env (0: no limit).
+    parameter_update_period: iterations between two publishes of the rollout parameters.
+    stall_timeout_s: a blocking ``collect`` that receives nothing for this long is an error even if the child is
+    alive (a hung env); the same bound applies to the child's start-up (building its envs).
+    """
+
+    def __init__(self, spec: UnrollSpec, queue_size: int, max_unroll_length: int = 0,
+                 parameter_update_period: int = 1, stall_timeout_s: float = 300.0):
+        self._ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or signal handlers
+        self.shared = SharedParams(self._ctx)
+        self._steps = self._ctx.Queue(maxsize=queue_size)
+        self._errors = self._ctx.Queue()
+        self._replies = self._ctx.Queue()  # child -> trainer: its EnvSpec
+        self._commands = self._ctx.Queue()  # trainer -> child: 'start'
+        self._stop = self._ctx.Event()
+        self.max_unroll_length = max_unroll_length
+        self.parameter_update_period = parameter_update_period
+        self.stall_timeout_s = stall_timeout_s
+        self.block: Optional[ParamBlock] = None
+        self.policy_lag = PolicyLag()
+        self._iteration = 0
+        self.process: Optional[mp.process.BaseProcess] = self._ctx.Process(
+            target=child_main, name="alfish-async-unroll", daemon=True,
+            args=(spec, self.shared, self._steps, self._errors, self._replies, self._commands, self._stop))
+        self.process.start()
+        logging.info("async unroll: child process %d started", self.process.pid)
+        try:
+            self.spec = self._receive_spec()
+        except BaseException:
+            self.close()
+            raise
+        self.stats = EpisodeStats(self.spec.num_envs)
+
+    def _receive_spec(self) -> Any:
+        deadline = time.monotonic() + self.stall_timeout_s
+        while True:
+            try:
+                return self._replies.get(timeout=POLL_S)
+            except queue.Empty:
+                self.check_child()
+                if time.monotonic() > deadline:
+                    raise AsyncUnrollError(f"the async unroll child (pid {self.process.pid}) did not report its envs "
+                                           f"within {self.stall_timeout_s:.0f} s; is creating the environment hung?"
+                                           ) from None
+
+    def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
+              seed: Optional[int], progress: ProgressPoint) -> None:
+        self._algorithm, self._transformer, self._sink = algorithm, transformer, sink
+        self._stats_view = transformer.rollout_view(update_stats=True)
+        self.block = ParamBlock(self.shared, rollout_state(algorithm, transformer))
+        self._iteration = progress.iterations
+        self.publish(progress)  # before the child acts: its first action already uses the current policy
+        self._commands.put(("start", self.block.name, seed))
+
+    def publish(self, progress: ProgressPoint) -> int:
+        """Make the current rollout parameters the child's from its next step on; returns their version."""
+        state = rollout_state(self._algorithm, self._transformer)
+        version = self.block.write(state, (progress.iterations, progress.env_steps, progress.fraction))
+        self.policy_lag.published(version, self._iteration)
+        return version
+
+    def publish_parameters(self, iteration: int, progress: ProgressPoint) -> None:
+        self._iteration = iteration
+        if iteration % self.parameter_update_period == 0:
+            self.publish(progress)
+
+    def collect(self, steps_per_env: int) -> int:
+        """``steps_per_env`` steps (waiting for them), or with 0 whatever has arrived (at most
+        ``max_unroll_length``), into the sink."""
+        received = self.receive(steps_per_env or None, self.max_unroll_length)
+        for step in received:
+            raw = as_time_step(step.experience)
+            self._stats_view(raw)  # data transformer statistics (e.g. normalizers) live here, not in the child
+            self.stats.observe(raw)
+            self._sink(step.experience)
+        self.policy_lag.received(received, self._iteration)
+        return len(received)
+
+    def summary(self) -> dict[str, float]:
+        return {f"async/{k}": v for k, v in self.policy_lag.summary(self.queue_length()).items()}
+
+    def queue_length(self) -> int:
+        try:
+            return self._steps.qsize()
+        except NotImplementedError:  # macOS
+            return -1
+
+    def receive(self, num_steps: Optional[int], max_steps: int = 0) -> list[ReceivedStep]:
+        """``num_steps`` env steps (waiting for them, checking the child every 0.2 s), or with ``None`` whatever has
+        arrived, at most ``max_steps`` (0: no limit), without waiting."""
+        received: list[ReceivedStep] = []
+        last_arrival = time.monotonic()
+        while num_steps is None or len(received) < num_steps:
+            if num_steps is None and max_steps and len(received) >= max_steps:
+                break
+            try:
+                item = self._steps.get(timeout=POLL_S) if num_steps is not None else self._steps.get_nowait()
+            except queue.Empty:
+                self.check_child()
+                if num_steps is None:
+                    break
+                if time.monotonic() - last_arrival > self.stall_timeout_s:
+                    raise AsyncUnrollError(f"the async unroll child (pid {self.process.pid}) is alive but sent no "
+                                           f"env step for {self.stall_timeout_s:.0f} s; is the environment hung?"
+                                           ) from None
+                continue
+            last_arrival = time.monotonic()
+            exp_numpy, version, env_step_s = item
+            received.append(ReceivedStep(nest.map_nest(torch.from_numpy, exp_numpy), version, env_step_s))
+        return received
+
+    def check_child(self) -> None:
+        """Raise ``AsyncUnrollError`` if the child reported an exception or is no longer running."""
+        try:
+            child_traceback = self._errors.get_nowait()
+        except queue.Empty:
+            child_traceback = None
+        if child_traceback is not None:
+            raise AsyncUnrollError(f"the async unroll child (pid {self.process.pid}) failed:\n{child_traceback}")
+        if self.process is not None and not self.process.is_alive():
+            code = self.process.exitcode
+            if code is not None and code < 0:
+                raise AsyncUnrollError(f"the async unroll child (pid {self.process.pid}) was killed by signal "
+                                       f"{signal.Signals(-code).name}")
+            raise AsyncUnrollError(f"the async unroll child (pid {self.process.pid}) exited with code {code}")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the child (event, then terminate, then kill; each step waits at most ``timeout_s / 2``)."""
+        if self.process is None:
+            return
+        self._stop.set()
+        deadline = time.monotonic() + timeout_s / 2
+        while self.process.is_alive() and time.monotonic() < deadline:
+            self._drain()  # a child blocked on a full queue sees the stop event sooner
+            self.process.join(timeout=0.05)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(timeout=timeout_s / 2)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=timeout_s / 2)
+        self._drain()
+        for q in (self._steps, self._errors, self._replies, self._commands):
+            q.cancel_join_thread()
+            q.close()
+        if self.process.exitcode is not None:
+            self.process.close()
+        self.process = None
+        if self.block is not None:
+            self.block.close(unlink=True)
+            self.block = None
+
+    def _drain(self) -> None:
+        try:
+            while True:
+                self._steps.get_nowait()
+        except (queue.Empty, OSError, ValueError):
+            pass
+
+
+def as_time_step(exp: Experience) -> TimeStep:
+    """The TimeStep fields of a received step (``prev_action`` is not stored; the chosen action stands in for it:
+    the trainer only uses this to update transformer statistics and episode metrics)."""
+    return TimeStep(exp.step_type, exp.reward, exp.discount, exp.observation, exp.action, exp.env_id)
+
+
+class PolicyLag:
+    """How stale the policy that collected the received steps was, and how fast steps arrive.
+
+    Version lag: parameter versions published since the one that chose the actions. Iteration lag: iterations since
+    that version was published.
+    """
+
+    def __init__(self) -> None:
+        self._published_at: dict[int, int] = {}
+        self.version = 0
+        self._last: dict[str, float] = {}
+
+    def published(self, version: int, iteration: int) -> None:
+        self.version = version
+        self._published_at[version] = iteration
+        for old in [v for v in self._published_at if v < version - 10_000]:  # bounded memory on long runs
+            del self._published_at[old]
+
+    def received(self, steps: list[ReceivedStep], iteration: int) -> None:
+        if not steps:
+            self._last = dict(steps_received=0.0)
+            return
+        versions = [s.version for s in steps]
+        self._last = dict(
+            steps_received=float(len(steps)),
+            policy_lag_versions=sum(self.version - v for v in versions) / len(versions),
+            policy_lag_versions_max=float(max(self.version - v for v in versions)),
+            policy_lag_iterations=sum(iteration - self._published_at.get(v, iteration) for v in versions)
+            / len(versions),
+            env_step_ms=1000.0 * sum(s.env_step_s for s in steps) / len(steps),
+        )
+
+    def summary(self, queue_length: int) -> dict[str, float]:
+        """Scalars of the last iteration's collection, for TensorBoard's ``async/``."""
+        return dict(self._last, queue_length=float(queue_length), parameter_version=float(self.version))

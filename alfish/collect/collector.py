@@ -1,0 +1,129 @@
+"""Collectors: where training experience comes from. One interface, two implementations (synchronous here, the
+async unroll child in ``async_collector.py``); the trainer's loop calls them the same way whatever the mode.
+
+Life cycle::
+
+    collector = SyncCollector(env)                    # owns the training envs; .spec describes them
+    ...build the algorithm and transformers from collector.spec...
+    collector.start(policy, sink, seed)               # sink(step [B, ...]) receives every raw step (replay.add)
+    n = collector.collect(steps_per_env)              # steps per env collected (the async one may take what arrived)
+    collector.publish_parameters(iteration, progress)  # fresh rollout parameters where another process acts
+    collector.close()
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Optional
+
+import torch
+
+from alfish.algorithms.base import Algorithm
+from alfish.collect.episode_stats import EpisodeStats
+from alfish.collect.unroller import Unroller
+from alfish.data import nest
+from alfish.data.types import Experience
+from alfish.envs.batched_env import BatchedEnv
+from alfish.envs.spec import EnvSpec
+from alfish.transforms.base import DataTransformer
+
+Sink = Callable[[Experience], None]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProgressPoint:
+    """Where the run is, for the schedules of a policy acting in another process."""
+
+    iterations: int
+    env_steps: int
+    fraction: float  # of the run, in [0, 1]
+
+
+class Collector:
+    """Where experience comes from. ``spec`` describes the envs; ``stats`` tracks their episodes."""
+
+    spec: EnvSpec
+    stats: EpisodeStats
+
+    def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
+              seed: Optional[int], progress: ProgressPoint) -> None:
+        """Begin acting with ``algorithm``'s rollout policy; envs reset with ``seed`` (``None``: their own)."""
+        raise NotImplementedError
+
+    def collect(self, steps_per_env: int) -> int:
+        """Hand ``steps_per_env`` steps of every env to the sink; returns the steps per env collected."""
+        raise NotImplementedError
+
+    def warm_up(self, steps_per_env: int) -> int:
+        """Collect before training starts (the initial collect steps); default: ``collect``."""
+        return self.collect(steps_per_env)
+
+    def collect_trajectory(self, steps_per_env: int) -> Experience:
+        """On-policy: the transformed trajectory ``[steps_per_env + 1, B]`` with gradients (last row bootstraps)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot unroll with gradients in this process")
+
+    def publish_parameters(self, iteration: int, progress: ProgressPoint) -> None:
+        """Make the current rollout parameters the acting ones where they are copies (after each iteration)."""
+
+    def summary(self) -> dict[str, float]:
+        """Scalars for TensorBoard, by tag."""
+        return {}
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+
+class SyncCollector(Collector):
+    """Steps the envs in this process with the algorithm itself (no copy of the policy).
+
+    random_warm_up_actions: the warm-up acts uniformly at random (TD3 paper, SB3's ``learning_starts``); the algorithm
+    must store no rollout info (checked by ``check_random_actions_storable``).
+    """
+
+    def __init__(self, env: BatchedEnv, random_warm_up_actions: bool = False):
+        self.env = env
+        self.spec = EnvSpec.of(env)
+        self.stats = EpisodeStats(env.num_envs)
+        self.random_warm_up_actions = random_warm_up_actions
+        self.unroller: Optional[Unroller] = None
+        self._sink: Optional[Sink] = None
+
+    def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
+              seed: Optional[int], progress: ProgressPoint) -> None:
+        self._sink = sink
+        self.unroller = Unroller(self.env, algorithm, self.stats, transformer.rollout_view(update_stats=True), seed)
+
+    def collect(self, steps_per_env: int) -> int:
+        self.unroller.unroll(steps_per_env, self._sink)
+        return steps_per_env
+
+    def warm_up(self, steps_per_env: int) -> int:
+        self.unroller.unroll(steps_per_env, self._sink, random_actions=self.random_warm_up_actions)
+        return steps_per_env
+
+    def collect_trajectory(self, steps_per_env: int) -> Experience:
+        return self.unroller.unroll_on_policy(steps_per_env)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def check_random_actions_storable(algorithm: Algorithm, transformer: DataTransformer, spec: EnvSpec) -> None:
+    """Random warm-up actions come without rollout info; an algorithm that stores some (e.g. PPO's log-probs) cannot
+    train on them. Raises a ValueError saying so."""
+    with torch.inference_mode():
+        seen = transformer.rollout_view(update_stats=False)(spec.zero_time_step())
+        info = algorithm.rollout_step(seen).info
+    if nest.flatten(info):
+        raise ValueError(f"Trainer.random_warm_up_actions=True: {type(algorithm).__name__} stores rollout info with "
+                         "each step, which random actions do not have; set it to False")
+
+
+def example_experience(algorithm: Algorithm, transformer: DataTransformer, spec: EnvSpec) -> Experience:
+    """An Experience ``[B]`` with the structure the collectors store for ``algorithm`` (to restore a replay buffer
+    without an env)."""
+    time_step = spec.zero_time_step()
+    with torch.inference_mode():
+        alg_step = algorithm.rollout_step(transformer.rollout_view(update_stats=False)(time_step))
+    return Experience.from_time_step(time_step, alg_step.output, alg_step.info)
+
+

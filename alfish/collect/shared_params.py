@@ -1,0 +1,115 @@
+"""Rollout parameters shared with the async unroll child: named tensors as one shared-memory byte block with a
+version number. The trainer writes a new version; the child copies it in before its next step when it moved.
+
+The block is created once the trainer has built the algorithm (its size is known only then) and is found by the child
+by name; the version counter, the progress values and the lock exist from the child's start.
+"""
+from __future__ import annotations
+
+import time
+from multiprocessing import resource_tracker, shared_memory
+from typing import Any, Callable, Optional
+
+import numpy as np
+import torch
+
+POLL_S = 0.2  # how often a waiting side re-checks that its peer is alive
+LOCK_TIMEOUT_S = 10.0
+
+
+class AsyncUnrollError(RuntimeError):
+    """The unroll child failed, died or stalled."""
+
+
+def rollout_state(algorithm: torch.nn.Module, transformer: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The tensors a rollout policy needs, by name: the algorithm's rollout modules (all of it when it names none)
+    and the data transformers' state (normalizer statistics)."""
+    names = getattr(algorithm, "rollout_module_names", None)
+    state = {}
+    for key, value in algorithm.state_dict().items():
+        if names is None or any(key == n or key.startswith(n + ".") for n in names):
+            state["algorithm." + key] = value
+    for key, value in transformer.state_dict().items():
+        state["transformer." + key] = value
+    return state
+
+
+def layout_of(tensors: dict[str, torch.Tensor]) -> tuple[list[tuple[str, int, int]], int]:
+    """``[(name, offset, nbytes)]`` in the dict's order and the total size in bytes; both sides compute it from
+    same-shaped tensors."""
+    layout, offset = [], 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        layout.append((name, offset, nbytes))
+        offset += nbytes
+    return layout, offset
+
+
+class SharedParams:
+    """The pieces that exist before the block: version, progress (iterations, env steps, fraction of the run) and the
+    lock. Passed to the child at spawn."""
+
+    def __init__(self, ctx: Any):
+        self.version = ctx.RawValue("q", 0)
+        self.progress = ctx.RawArray("d", 3)
+        self.lock = ctx.Lock()
+
+
+class ParamBlock:
+    """One side's view of the shared byte block of ``tensors``' layout (``create`` on the trainer's side)."""
+
+    def __init__(self, shared: SharedParams, tensors: dict[str, torch.Tensor], name: Optional[str] = None):
+        self.shared = shared
+        self.layout, size = layout_of(tensors)
+        if name is None:
+            self.memory = shared_memory.SharedMemory(create=True, size=max(1, size))
+        else:
+            self.memory = shared_memory.SharedMemory(name=name)
+            # The creator unlinks it; without this the child's resource tracker entry reports a "leak" (bpo-39959).
+            resource_tracker.unregister(self.memory._name, "shared_memory")  # noqa: SLF001
+            if self.memory.size < size:
+                raise AsyncUnrollError(f"the shared parameter block holds {self.memory.size} bytes, the child's "
+                                       f"rollout policy needs {size}: the two sides built different algorithms")
+        self.name = self.memory.name
+
+    def _view(self) -> np.ndarray:
+        return np.ndarray((self.memory.size,), dtype=np.uint8, buffer=self.memory.buf)
+
+    def write(self, tensors: dict[str, torch.Tensor], progress: tuple[float, float, float]) -> int:
+        """Publish ``tensors`` as the next version; returns it."""
+        view = self._view()
+        if not self.shared.lock.acquire(timeout=LOCK_TIMEOUT_S):
+            raise AsyncUnrollError(f"could not publish parameters: the shared lock was held for {LOCK_TIMEOUT_S} s")
+        try:
+            for name, offset, nbytes in self.layout:
+                view[offset:offset + nbytes] = tensors[name].detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+            self.shared.progress[:] = list(progress)
+            self.shared.version.value += 1
+            return self.shared.version.value
+        finally:
+            self.shared.lock.release()
+
+    def read_into(self, tensors: dict[str, torch.Tensor],
+                  keep_waiting: Callable[[], bool] = lambda: True) -> Optional[tuple[int, tuple[float, ...]]]:
+        """Copy the block into ``tensors`` (same names and shapes); returns the version and progress, or ``None`` when
+        ``keep_waiting()`` turned False while the lock was held (e.g. a writer killed holding it)."""
+        view = self._view()
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while not self.shared.lock.acquire(timeout=POLL_S):
+            if not keep_waiting():
+                return None
+            if time.monotonic() > deadline:
+                raise AsyncUnrollError(f"could not read parameters: the shared lock was held for {LOCK_TIMEOUT_S} s")
+        try:
+            for name, offset, nbytes in self.layout:
+                target = tensors[name]
+                flat = torch.from_numpy(view[offset:offset + nbytes].copy()).view(target.dtype)
+                target.copy_(flat.reshape(target.shape))
+            return self.shared.version.value, tuple(self.shared.progress[:])
+        finally:
+            self.shared.lock.release()
+
+    def close(self, unlink: bool = False) -> None:
+        self.memory.close()
+        if unlink:
+            self.memory.unlink()

@@ -1,0 +1,83 @@
+"""Unrolling: step a batched env with an algorithm's rollout policy. The one unroll loop of alfish: the synchronous
+collector runs it in the trainer's process, the async unroll child runs it in its own."""
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Callable, Optional
+
+import torch
+
+from alfish.algorithms.base import Algorithm
+from alfish.collect.episode_stats import EpisodeStats
+from alfish.data import nest
+from alfish.data.types import AlgStep, Experience, TimeStep
+from alfish.envs.batched_env import BatchedEnv
+
+
+class Unroller:
+    """Owns the env's current TimeStep; each step taken is ``(time_step, action chosen at it, rollout info)``.
+
+    ``transform`` maps the raw TimeStep to what the algorithm sees (the data transformers' rollout view); off-policy
+    storage keeps the raw step, the on-policy trajectory the transformed one. ``stats`` (optional) sees every time
+    step the env returns. Construction resets the env (with ``seed``; ``None``: the env's own seed).
+    """
+
+    def __init__(self, env: BatchedEnv, algorithm: Algorithm, stats: Optional[EpisodeStats] = None,
+                 transform: Optional[Callable[[TimeStep], TimeStep]] = None, seed: Optional[int] = None):
+        self.env, self.algorithm, self.stats = env, algorithm, stats
+        self.transform = transform or (lambda time_step: time_step)
+        self.last_env_step_s = 0.0  # wall-clock of the last env.step call
+        self.reset(seed)
+
+    def reset(self, seed: Optional[int] = None) -> None:
+        self.time_step: TimeStep = self.env.reset(seed)
+        self._seen: Optional[TimeStep] = None  # self.time_step transformed (each env step is transformed once)
+        self._observe(self.time_step)
+
+    def _observe(self, time_step: TimeStep) -> None:
+        if self.stats is not None:
+            self.stats.observe(time_step)
+
+    def seen(self) -> TimeStep:
+        """The current time step as the algorithm sees it. Transformed once per env step: stateful transformers
+        (frame stacking) and running statistics must not see a step twice."""
+        if self._seen is None:
+            self._seen = self.transform(self.time_step)
+        return self._seen
+
+    def step(self, store_transformed: bool = False, random_actions: bool = False) -> Experience:
+        """Act in every env once; returns the step taken ``[B, ...]``: the raw time step (or the transformed one
+        with ``store_transformed``), the action chosen at it and the rollout info.
+
+        ``random_actions``: uniformly random actions instead of the policy's (a warm-up for algorithms whose rollout
+        stores no info). Gradients follow the caller's mode (see ``unroll``).
+        """
+        seen = self.seen()  # transformed even when acting randomly: running statistics see every step
+        alg_step = AlgStep(output=self.env.random_action()) if random_actions else self.algorithm.rollout_step(seen)
+        taken = Experience.from_time_step(seen if store_transformed else self.time_step, alg_step.output,
+                                          alg_step.info)
+        start = time.monotonic()
+        self.time_step, self._seen = self.env.step(alg_step.output), None
+        self.last_env_step_s = time.monotonic() - start
+        self._observe(self.time_step)
+        return taken
+
+    def unroll(self, num_steps: int, store: Callable[[Experience], None], with_grad: bool = False,
+               store_transformed: bool = False, random_actions: bool = False) -> None:
+        """Take ``num_steps`` steps per env, handing each step ``[B, ...]`` to ``store``; under
+        ``torch.inference_mode`` unless ``with_grad``."""
+        with contextlib.nullcontext() if with_grad else torch.inference_mode():
+            for _ in range(num_steps):
+                store(self.step(store_transformed, random_actions))
+
+    def unroll_on_policy(self, num_steps: int) -> Experience:
+        """Unroll with gradients and return the transformed trajectory ``[num_steps + 1, B]``; the last row is the
+        current step with its rollout info computed without gradients (it only bootstraps; its action is not taken)."""
+        steps: list[Experience] = []
+        self.unroll(num_steps, steps.append, with_grad=True, store_transformed=True)
+        with torch.no_grad():
+            seen = self.seen()
+            alg_step = self.algorithm.rollout_step(seen)
+        steps.append(Experience.from_time_step(seen, alg_step.output, alg_step.info))
+        return nest.stack(steps)

@@ -1,0 +1,202 @@
+"""The Learner: turns an algorithm's losses into parameter updates (DESIGN.md §1, §3.2, §3.8, §3.9, §3.11).
+
+Everything between a ``LossInfo`` and changed parameters lives here: importance weighting, the one mean, the
+non-finite guard, backward under the AMP policy, the gradient all-reduce (DDP), clipping, the optimizer step with its
+scheduled learning rates, ``after_update`` and the update counter. The trainer decides *when* to update and *on what*;
+the Learner decides *how*.
+
+Two entry points, one shared step:
+
+    learner.update(batch [L, B], batch_info)      # off-policy: train_step + calc_loss in the (DDP) loss module
+    with learner.loss_context():                  # on-policy: the loss was built during the unroll, outside DDP
+        loss_info = algorithm.calc_loss(trajectory, None)
+    learner.apply(loss_info)
+"""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+import torch
+from torch import nn
+
+from alfish.algorithms.base import Algorithm
+from alfish.data.types import BatchInfo, Experience, LossInfo
+from alfish.errors import NonFiniteLossError
+from alfish.learn.amp import AmpPolicy
+from alfish.learn.distributed import DistContext, allreduce_gradients, wrap_for_ddp
+from alfish.learn.optim import OptimizerConfig
+from alfish.schedulers import split_lr_schedules, update_optimizer_lrs
+
+__all__ = ["Learner", "NonFiniteLossError", "loss_terms"]
+
+
+def loss_terms(loss_info: LossInfo) -> dict[str, torch.Tensor | float]:
+    """The named loss terms of ``loss_info.extra`` (a dict, or a zero-argument callable computing one lazily)."""
+    extra = loss_info.extra
+    return dict(extra() if callable(extra) else (extra or {}))
+
+
+class Learner:
+    """Turns an algorithm's losses into parameter updates.
+
+    Args:
+        algorithm: the algorithm whose ``param_groups()`` are optimized (each group's ``lr`` a number or a
+            ``Scheduler``) and whose ``train_step``/``calc_loss`` give the loss of a batch.
+        optimizer_config: the optimizer and clipping settings (``None``: ``OptimizerConfig()`` as gin binds it).
+        amp: the mixed-precision policy (``None``: disabled).
+        dist: this process's place in a torchrun job (``None``: a single process).
+
+    Attributes:
+        optimizer: the Adam built by ``optimizer_config.build`` from the algorithm's groups (numeric learning rates).
+        params: every parameter the optimizer updates, in group order.
+        loss_module: ``LossModule(algorithm)``, wrapped in DDP when the job has several ranks.
+        amp: the AMP policy.
+        lr_schedules: ``{group name: Scheduler}`` for the groups whose learning rate is scheduled.
+        num_updates: optimizer steps taken (restored from checkpoints).
+    """
+
+    def __init__(self, algorithm: Algorithm, optimizer_config: OptimizerConfig | None = None,
+                 amp: AmpPolicy | None = None, dist: DistContext | None = None):
+        self.algorithm = algorithm
+        self.optimizer_config = optimizer_config if optimizer_config is not None else OptimizerConfig()
+        self.amp = amp if amp is not None else AmpPolicy(False)
+        self.dist = dist if dist is not None else DistContext()
+        # torch needs numbers as learning rates; scheduled ones are set by update_learning_rates once per iteration.
+        groups, self.lr_schedules = split_lr_schedules(algorithm.param_groups())
+        self.optimizer = self.optimizer_config.build(groups)
+        self.params: list[nn.Parameter] = [p for g in self.optimizer.param_groups for p in g["params"]]
+        self.loss_module = wrap_for_ddp(algorithm, self.dist)  # forward = the loss of a batch
+        self.num_updates = 0
+        self._last_loss: LossInfo | None = None  # with .loss the detached weighted mean (0-d)
+        self._last_grad_norm: torch.Tensor | None = None
+
+    # ---------------------------------------------------------------------------------------------- schedules ----
+    def update_learning_rates(self) -> None:
+        """Set the scheduled learning rates from the current progress (call once per iteration, after
+        ``alfish.schedulers.update_progress``). Groups with a constant rate are left alone."""
+        if self.lr_schedules:
+            update_optimizer_lrs(self.optimizer, self.lr_schedules)
+
+    # ----------------------------------------------------------------------------------------------- updating ----
+    def loss_context(self) -> AbstractContextManager:
+        """The context a loss computed outside ``update`` is built in (the AMP policy's autocast), e.g. an on-policy
+        ``calc_loss`` on the unroll, which is then handed to ``apply``."""
+        return self.amp.autocast()
+
+    def update(self, batch: Experience, batch_info: BatchInfo | None = None) -> LossInfo:
+        """One gradient step on a time-major batch ``[L, B, ...]``: ``train_step`` + ``calc_loss`` in the loss module
+        under autocast (under DDP its backward all-reduces the gradients), then the shared step.
+
+        batch_info: where the batch came from; its ``importance_weights [B]`` (prioritized replay) weight the
+        per-sample loss. Returns ``calc_loss``'s LossInfo (per-sample loss, new priorities ``[B]`` if any).
+
+        Raises:
+            NonFiniteLossError: the weighted loss is NaN/inf; nothing was changed.
+        """
+        with self.amp.autocast():
+            loss_info = self.loss_module(batch)
+        return self._step(loss_info, batch_info, allreduce=False)
+
+    def apply(self, loss_info: LossInfo, batch_info: BatchInfo | None = None) -> LossInfo:
+        """One gradient step on a loss built outside the loss module (the on-policy path: ``calc_loss`` on the unroll,
+        in ``loss_context()``). The same step as ``update``, plus one explicit flattened all-reduce of the gradients
+        across ranks, since DDP's backward hooks only fire for losses computed in its forward. Returns ``loss_info``.
+
+        Raises:
+            NonFiniteLossError: the weighted loss is NaN/inf; nothing was changed.
+        """
+        return self._step(loss_info, batch_info, allreduce=True)
+
+    def _step(self, loss_info: LossInfo, batch_info: BatchInfo | None, allreduce: bool) -> LossInfo:
+        """Weighted mean of the per-sample loss ``[..., B]``, guard, backward, (all-reduce), clip, step."""
+        weights = batch_info.importance_weights if batch_info is not None else None
+        loss = self._weighted_mean(loss_info.loss, weights)
+        if not torch.isfinite(loss):  # the one host sync of an update: a NaN step would poison every parameter
+            raise NonFiniteLossError(self._non_finite_message(loss, loss_info, weights))
+        self.optimizer.zero_grad(set_to_none=True)
+        self.amp.backward(loss)
+        if allreduce:
+            allreduce_gradients(self.params, self.dist)
+        self.amp.unscale(self.optimizer)
+        grad_norm = self.optimizer_config.clip(self.params)
+        self.amp.step(self.optimizer)
+        self.algorithm.after_update()
+        self.num_updates += 1
+        self._last_loss = loss_info._replace(loss=loss.detach())
+        self._last_grad_norm = grad_norm
+        return loss_info
+
+    def _weighted_mean(self, per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
+        """``mean(per_sample [..., B] * weights [B])`` (weights broadcast over the leading dims), or the plain mean.
+
+        Entries the algorithm zeroed (masks) add nothing to the sum but count in the mean, as every algorithm's
+        per-sample loss assumes.
+        """
+        if weights is None:
+            return per_sample.mean()
+        name = type(self.algorithm).__name__
+        if per_sample.dim() == 0:
+            raise ValueError(f"{name}.calc_loss returned a scalar loss, but the batch has importance weights [B]; "
+                             "return the per-sample loss [..., B] so each sample can be weighted")
+        if weights.dim() != 1 or per_sample.shape[-1] != weights.shape[0]:
+            raise ValueError(f"importance weights of shape {tuple(weights.shape)} do not fit {name}'s per-sample "
+                             f"loss of shape {tuple(per_sample.shape)}: its last dimension must be the batch B")
+        return (per_sample * weights.to(per_sample.device, non_blocking=True)).mean()
+
+    def _non_finite_message(self, loss: torch.Tensor, loss_info: LossInfo, weights: torch.Tensor | None) -> str:
+        """One line naming the non-finite loss term(s), all terms, and what to try. "update N": the N-th update
+        counted from 0 (N updates were applied before it); the trainer may add the iteration."""
+        values, bad = {}, []
+        for name, value in loss_terms(loss_info).items():
+            t = torch.as_tensor(value).detach().float().cpu()
+            values[name] = float(t) if t.numel() == 1 else t.tolist()
+            if not bool(torch.isfinite(t).all()):
+                bad.append(f"{name} ({values[name]})")
+        bad_weights = weights is not None and not bool(torch.isfinite(weights).all())
+        parts = [f"loss is {float(loss.detach())} at update {self.num_updates}"]
+        if bad:
+            parts.append("non-finite loss terms: " + ", ".join(bad))
+        elif values:
+            parts.append("non-finite loss terms: none of the named terms"
+                         + ("" if bad_weights else " (the per-sample loss itself is non-finite)"))
+        if bad_weights:
+            parts.append("the importance weights contain NaN/inf")
+        parts.append(f"all terms: {values}")
+        parts.append("lower the learning rates or check the env's rewards/observations for NaN/inf")
+        return "; ".join(parts)
+
+    # ---------------------------------------------------------------------------------------------- summaries ----
+    @property
+    def last_loss(self) -> LossInfo | None:
+        """The LossInfo of the last update, its ``loss`` the detached weighted mean (0-d); None before any."""
+        return self._last_loss
+
+    def summary(self) -> dict[str, float | torch.Tensor]:
+        """TensorBoard scalars of the last update, by tag: ``loss/total``, ``loss/<term>`` (the named terms, computed
+        here, lazily), ``loss/grad_norm`` (with norm clipping), ``optimizer/lr.<group>`` and ``amp/<key>`` (when AMP is
+        enabled). Values may be 0-d tensors on the device: reading them is the writer's (host-syncing) business."""
+        out: dict[str, float | torch.Tensor] = {}
+        if self._last_loss is not None:
+            out["loss/total"] = self._last_loss.loss
+            for name, value in loss_terms(self._last_loss).items():
+                out[f"loss/{name}"] = value
+            if self._last_grad_norm is not None:
+                out["loss/grad_norm"] = self._last_grad_norm
+        for group in self.optimizer.param_groups:
+            out[f"optimizer/lr.{group['name']}"] = group["lr"]
+        for key, value in self.amp.summary().items():
+            out[f"amp/{key}"] = value
+        return out
+
+    # ------------------------------------------------------------------------------------------- checkpoints ----
+    def state_dict(self) -> dict:
+        """``{'optimizer': ..., 'amp': ..., 'num_updates': int}``: tensors and python scalars only (checkpoints load
+        with ``torch.load(weights_only=True)``)."""
+        return {"optimizer": self.optimizer.state_dict(), "amp": self.amp.state_dict(), "num_updates": self.num_updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what ``state_dict`` returned (the algorithm's own parameters are restored separately)."""
+        self.optimizer.load_state_dict(state["optimizer"])
+        if "amp" in state:
+            self.amp.load_state_dict(state["amp"])
+        self.num_updates = int(state.get("num_updates", 0))

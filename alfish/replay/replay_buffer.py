@@ -1,0 +1,135 @@
+"""``ReplayBuffer``: raw experience in per-env rings (storage) and the sampler that draws training sequences from it.
+
+The buffer is the only thing that changes the storage, so it is the one place that tells the sampler about changes:
+``add`` -> ``sampler.on_add``, ``clear`` -> ``sampler.on_clear``. Nothing outside it keeps positions or write counts.
+Samples are raw and batch-major ``[B, L]``; transformers (sample view) and ``to_time_major`` take it from there.
+"""
+from __future__ import annotations
+
+import torch
+
+from alfish.data.types import BatchInfo, Experience
+from alfish.replay.ring_buffer import RingBuffer
+from alfish.replay.samplers import Sampler
+
+
+class ReplayBuffer:
+    """Raw experience in per-env rings (storage) and the sampler that draws training sequences from it.
+
+    Args:
+        storage: the rings. Use it through the buffer from now on (``storage`` is exposed for reading only: an add or
+            clear made on it directly would not reach the sampler).
+        sampler: ``UniformSampler``, ``PrioritizedSampler`` or another ``Sampler``.
+    """
+
+    def __init__(self, storage: RingBuffer, sampler: Sampler):
+        self._storage = storage
+        self._sampler = sampler
+        sampler.attach(storage)
+
+    @property
+    def storage(self) -> RingBuffer:
+        """The rings (read-only use)."""
+        return self._storage
+
+    @property
+    def sampler(self) -> Sampler:
+        return self._sampler
+
+    @property
+    def num_envs(self) -> int:
+        return self._storage.num_envs
+
+    @property
+    def capacity(self) -> int:
+        """Steps per env ring."""
+        return self._storage.capacity
+
+    # ---------------------------------------------------------------------------------------------------- writing --
+    def add(self, exp: Experience) -> None:
+        """Append one step per env: leaves ``[B, ...]``; ``exp.env_id`` ``[B]`` (unique, CPU) says which ring."""
+        # Bookkeeping must be ordinary tensors even when rollouts run under torch.inference_mode (as the storage).
+        with torch.inference_mode(False):
+            env_ids = exp.env_id
+            counts_before = self._storage.write_count()[env_ids]  # the absolute indices this add writes
+            self._storage.add(exp)
+            self._sampler.on_add(self._storage, env_ids, counts_before)
+
+    def clear(self, keep_last: int = 0) -> None:
+        """Forget everything except the newest ``keep_last`` steps of each env (they keep their absolute indices)."""
+        oldest_before = self._storage.oldest_index()
+        self._storage.clear(keep_last)
+        self._sampler.on_clear(self._storage, oldest_before)
+
+    def truncate_episodes(self) -> None:
+        """Mark the newest stored step of every env LAST (a time-limit truncation); see ``RingBuffer``."""
+        self._storage.truncate_episodes()
+
+    # --------------------------------------------------------------------------------------------------- sampling --
+    def sample(self, batch_size: int, length: int) -> tuple[Experience, BatchInfo]:
+        """``batch_size`` sequences of ``length`` contiguous steps of one env each, raw and batch-major ``[B, L]``.
+
+        ``BatchInfo``: ``env_ids`` and ``positions`` (absolute index of each sequence's first step) int64 ``[B]``,
+        ``importance_weights`` float32 ``[B]`` (prioritized) or ``None`` (uniform).
+        """
+        info = self._sampler.sample(self._storage, batch_size, length)
+        return self._storage.gather(info.env_ids, info.positions, length), info
+
+    def update_priorities(self, batch_info: BatchInfo, priorities: torch.Tensor | tuple | None) -> None:
+        """New priorities ``[B]`` for the sequences of a sample (``BatchInfo`` as ``sample`` returned it).
+
+        ``None`` or ``()`` (an algorithm that computes none) does nothing, as does a sampler without priorities.
+        """
+        if priorities is None or (isinstance(priorities, tuple) and not priorities):
+            return
+        if not isinstance(priorities, torch.Tensor):
+            raise TypeError(f"priorities must be a tensor [B] (or None / () for none), got {type(priorities).__name__}")
+        self._sampler.update_priorities(self._storage, batch_info, priorities)
+
+    def gather_all(self) -> tuple[Experience, BatchInfo]:
+        """Every readable step, ``[num_envs, T]`` (all envs must hold the same ``T``), with ``BatchInfo(env_ids=
+        arange(num_envs), positions=oldest_index())`` (no importance weights)."""
+        exp = self._storage.gather_all()
+        return exp, BatchInfo(env_ids=torch.arange(self.num_envs), positions=self._storage.oldest_index())
+
+    # ----------------------------------------------------------------------------------------- reading (for the
+    # transformers' sample view: frame stacking and hindsight relabelling read neighbouring stored steps) --
+    def num_stored(self) -> torch.Tensor:
+        """Readable steps ``[num_envs]`` per env."""
+        return self._storage.num_stored()
+
+    def __len__(self) -> int:
+        """Readable steps summed over envs."""
+        return self._storage.total_stored()
+
+    def oldest_index(self) -> torch.Tensor:
+        """Absolute index ``[num_envs]`` of the oldest readable step of each env."""
+        return self._storage.oldest_index()
+
+    def write_count(self) -> torch.Tensor:
+        """Steps ever written per env ``[num_envs]`` (the absolute index the next step gets)."""
+        return self._storage.write_count()
+
+    def gather(self, env_ids: torch.Tensor, positions: torch.Tensor, length: int) -> Experience:
+        """Sequences ``[N, length]`` starting at absolute indices ``positions`` ``[N]`` of rings ``env_ids`` ``[N]``."""
+        return self._storage.gather(env_ids, positions, length)
+
+    def gather_at(self, env_ids: torch.Tensor, index: torch.Tensor) -> Experience:
+        """Steps ``[N, M]`` at absolute indices ``index`` ``[N, M]`` (readable ones) of rings ``env_ids`` ``[N]``."""
+        return self._storage.gather_at(env_ids, index)
+
+    def episode_end(self, env_ids: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        """Absolute index of the last stored step of the episode holding step ``index`` of ring ``env_ids`` (same
+        shapes); needs a storage built with ``track_episode_ends=True``."""
+        return self._storage.episode_end(env_ids, index)
+
+    # ---------------------------------------------------------------------------------------------- checkpointing --
+    def state_dict(self) -> dict:
+        """Tensors only: ``{"storage": ..., "sampler": ...}``."""
+        return {"storage": self._storage.state_dict(), "sampler": self._sampler.state_dict()}
+
+    def load_state_dict(self, state: dict, example: Experience) -> None:
+        """Restore from ``state_dict``: the storage first (the sampler reads its counters), then the sampler.
+        ``example``: any Experience of the stored structure (see ``RingBuffer.load_state_dict``)."""
+        self._storage.load_state_dict(state["storage"], example)
+        self._sampler.load_state_dict(state["sampler"])

@@ -1,0 +1,187 @@
+"""Assembly: a ``TrainerConfig`` becomes the parts of a run (DESIGN.md §3.11). Every feature combination is checked
+here, before any env or process starts where the config alone decides it; the modes are chosen here, once, so the
+training loop has no branch on them.
+
+    config ──► checks ──► seed, DDP context, resume point
+           ──► Collector (sync | async child)  ──► EnvSpec ──► data transformers + algorithm
+           ──► Learner, ReplayBuffer (uniform | prioritized sampler), training step (on-policy | sampled | whole buffer)
+           ──► summaries, evaluator, checkpointer ──► Trainer
+"""
+from __future__ import annotations
+
+import logging
+import os
+from typing import Optional
+
+import gin
+import torch
+
+from alfish.algorithms.base import Algorithm
+from alfish.algorithms.build import build_policy
+from alfish.collect.async_collector import AsyncCollector, UnrollSpec
+from alfish.collect.collector import Collector, SyncCollector, check_random_actions_storable
+from alfish.config.trainer_config import TrainerConfig
+from alfish.envs.batched_env import create_environment, environment_settings
+from alfish.envs.spec import EnvSpec
+from alfish.learn.amp import AmpPolicy
+from alfish.learn.distributed import DistContext, bind_envs_per_rank, broadcast_object, init_distributed, split_total
+from alfish.learn.learner import Learner
+from alfish.learn.optim import OptimizerConfig
+from alfish.replay.prioritized import PrioritizedSampler
+from alfish.replay.replay_buffer import ReplayBuffer
+from alfish.replay.ring_buffer import RingBuffer
+from alfish.replay.samplers import UniformSampler
+from alfish.schedulers import as_scheduler
+from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
+from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
+from alfish.trainer.counters import Counters, RunPlan
+from alfish.trainer.evaluator import Evaluator
+from alfish.trainer.options import RunOptions
+from alfish.trainer.resume import check_resumable
+from alfish.trainer.summary import NullSummaries, Summaries
+from alfish.trainer.trainer import Trainer
+from alfish.trainer.training import OnPolicyTraining, SampledReplayTraining, TrainingStep, WholeBufferTraining
+from alfish.transforms.base import DataTransformer
+
+
+def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None) -> Trainer:
+    """The parts of the run ``config`` describes, assembled; ``options`` default to the gin-bound ``Trainer.*``."""
+    options = options or RunOptions()
+    check_combinations(config, options, _declared_on_policy(config))
+    if options.num_threads is not None:
+        torch.set_num_threads(options.num_threads)
+    dist = init_distributed()
+    os.makedirs(config.root_dir, exist_ok=True)
+    checkpointer = Checkpointer(os.path.join(config.root_dir, "checkpoints"))
+    resume_from = checkpointer.load_latest()  # every rank reads the same one
+    if resume_from is not None:
+        check_resumable(resume_from)
+    seed = int(broadcast_object(_choose_seed(config, resume_from), dist))
+    rank_seed = seed + RANK_SEED_OFFSET * dist.rank
+    seed_everything(rank_seed)
+    if dist.enabled:  # job totals, split across the ranks
+        bind_envs_per_rank(dist)
+    collector = build_collector(config, options, rank_seed)
+    try:
+        return _assemble(config, options, dist, checkpointer, resume_from, seed, rank_seed, collector)
+    except BaseException:
+        collector.close()  # the async child, the envs
+        raise
+
+
+def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, checkpointer: Checkpointer,
+              resume_from: Optional[LoadedCheckpoint], seed: int, rank_seed: int, collector: Collector) -> Trainer:
+    spec = collector.spec
+    transformer, algorithm = build_policy(config, spec)
+    check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
+    if options.random_warm_up_actions:
+        check_random_actions_storable(algorithm, transformer, spec)
+    total_envs = spec.num_envs * dist.world_size
+    mini_batch_size = config.mini_batch_size
+    if dist.enabled and mini_batch_size is not None:
+        mini_batch_size = split_total(mini_batch_size, dist, "TrainerConfig.mini_batch_size")
+    learner = Learner(algorithm, OptimizerConfig(), AmpPolicy(config.enable_amp), dist)
+    replay = None if algorithm.on_policy else build_replay_buffer(config, spec, transformer)
+    training = build_training_step(config, collector, learner, algorithm, replay, transformer, total_envs,
+                                   mini_batch_size)
+    plan = RunPlan(config, total_envs)
+    summaries = NullSummaries()  # rank 0 alone writes files
+    if dist.is_main:
+        summaries = Summaries(config.root_dir, plan.summary_interval, config.summarize_first_interval,
+                              config.summaries_flush_secs, config.summary_max_queue)
+    evaluator = build_evaluator(config, seed, transformer) if config.evaluate and dist.is_main else None
+    return Trainer(config=config, options=options, dist=dist, plan=plan, counters=Counters(), collector=collector,
+                   replay=replay, learner=learner, training=training, algorithm=algorithm, transformer=transformer,
+                   evaluator=evaluator, summaries=summaries, checkpointer=checkpointer, seed=seed,
+                   rank_seed=rank_seed, resume_from=resume_from)
+
+
+def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Optional[bool],
+                       algorithm_name: str = "") -> None:
+    """Feature combinations the parts cannot serve, each a one-line ValueError naming the parameters. ``on_policy``
+    ``None``: not known yet (the algorithm constructor is not a class); checked again once it is built."""
+    name = algorithm_name or getattr(config.algorithm_ctor, "__name__", "the algorithm")
+    if on_policy and config.priority_replay:
+        raise ValueError(f"TrainerConfig.priority_replay=True needs an off-policy algorithm; {name} trains on-policy "
+                         "without replay")
+    if options.random_warm_up_actions and (on_policy or config.async_unroll):
+        raise ValueError("Trainer.random_warm_up_actions=True needs an off-policy algorithm and a synchronous unroll "
+                         "(TrainerConfig.async_unroll=False): the warm-up runs in this process")
+    if on_policy and config.async_unroll:
+        raise ValueError(f"TrainerConfig.async_unroll=True needs an off-policy algorithm; {name} trains on-policy on "
+                         "the unroll it just made (with gradients), which another process cannot provide")
+    if on_policy is False and config.unroll_with_grad:
+        raise ValueError(f"TrainerConfig.unroll_with_grad=True: {name} is off-policy and stores its steps in the "
+                         "replay buffer, where autograd graphs must not be kept; set it to False (on-policy "
+                         "algorithms always unroll with gradients)")
+
+
+def _declared_on_policy(config: TrainerConfig) -> Optional[bool]:
+    """The algorithm class's ``on_policy`` flag, without building it (None for a constructor function)."""
+    ctor = config.algorithm_ctor
+    if isinstance(ctor, type) and issubclass(ctor, Algorithm):
+        return bool(ctor.on_policy)
+    return None
+
+
+def build_collector(config: TrainerConfig, options: RunOptions, rank_seed: int) -> Collector:
+    """The owner of the training envs: in a child process with ``async_unroll``, else here."""
+    if config.async_unroll:
+        # The settings are read here (so the operative config records them); the child builds the envs from them.
+        spec = UnrollSpec(env_settings=environment_settings(seed=rank_seed), config_text=gin.config_str(),
+                          root_dir=config.root_dir, step_interval_s=config.unroll_step_interval,
+                          parent_pid=os.getpid())
+        return AsyncCollector(spec, config.unroll_queue_size, config.max_unroll_length,
+                              config.unroll_parameter_update_period)
+    return SyncCollector(create_environment(seed=rank_seed), options.random_warm_up_actions)
+
+
+def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataTransformer) -> ReplayBuffer:
+    """Per-env rings of ``replay_buffer_length`` steps, sampled uniformly or by priority."""
+    storage = RingBuffer(spec.num_envs, config.replay_buffer_length,
+                         track_episode_ends=transformer.needs_episode_ends)
+    if config.priority_replay:
+        sampler = PrioritizedSampler(spec.num_envs, config.replay_buffer_length,
+                                     sequence_length=config.mini_batch_length,
+                                     alpha=as_scheduler(config.priority_replay_alpha),
+                                     beta=as_scheduler(config.priority_replay_beta), eps=config.priority_replay_eps,
+                                     normalize_by_max=config.normalize_importance_weights_by_max)
+    else:
+        sampler = UniformSampler()
+    return ReplayBuffer(storage, sampler)
+
+
+def build_training_step(config: TrainerConfig, collector: Collector, learner: Learner, algorithm: Algorithm,
+                        replay: Optional[ReplayBuffer], transformer: DataTransformer, total_envs: int,
+                        mini_batch_size: Optional[int]) -> TrainingStep:
+    """On-policy: train on the unroll. Off-policy: from replay, sampled or over the whole buffer."""
+    if replay is None:
+        return OnPolicyTraining(collector, learner, algorithm)
+    args = (collector, learner, algorithm, replay, transformer, config.initial_collect_steps, config.num_env_steps,
+            total_envs, config.num_updates_per_train_iter, mini_batch_size, config.mini_batch_length)
+    if config.whole_replay_buffer_training:
+        return WholeBufferTraining(*args, clear=config.clear_replay_buffer)
+    return SampledReplayTraining(*args)
+
+
+def build_evaluator(config: TrainerConfig, seed: int, transformer: DataTransformer) -> Evaluator:
+    """Evaluation envs of their own (never the training instance), built under the gin scope ``eval``: bindings such
+    as ``eval/create_environment.env_name = 'MySim-v0'`` evaluate a policy trained on hardware that can be opened
+    only once in a simulator instead (or set ``TrainerConfig.evaluate = False`` and evaluate with play)."""
+    if config.async_eval:
+        logging.info("async_eval=True: asynchronous evaluation is not built yet; evaluating synchronously")
+    eval_seed = seed + EVAL_SEED_OFFSET
+    with gin.config_scope("eval"):
+        env = create_environment(num_parallel_environments=config.num_eval_environments, seed=eval_seed)
+    return Evaluator(env, config.num_eval_episodes, config.epsilon_greedy, seed=eval_seed,
+                     transform=transformer.rollout_view(update_stats=False))
+
+
+def _choose_seed(config: TrainerConfig, resume_from: Optional[LoadedCheckpoint]) -> int:
+    if resume_from is not None:
+        return int(resume_from.meta["seed"])
+    if config.random_seed is not None:
+        return int(config.random_seed)
+    seed = int.from_bytes(os.urandom(4), "little") % (2**31 - 1)
+    logging.info("TrainerConfig.random_seed is None; using random seed %d", seed)
+    return seed

@@ -1,0 +1,26 @@
+"""Run options that are not ALF TrainerConfig fields; gin name ``Trainer`` (the name confs have always used)."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import gin
+
+
+@gin.configurable("Trainer")
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """save_replay_buffer: store the replay buffer (as tensors, full capacity) in checkpoints, so a resumed run
+    continues with the same data; set False to keep checkpoints small (a resume then refills one mini-batch of fresh
+    steps).
+    num_threads: torch intra-op threads (``None``: torch's default).
+    progress_log_interval_s: seconds between progress lines when stderr is not a terminal.
+    random_warm_up_actions: collect the ``initial_collect_steps`` with uniformly random actions instead of the
+    untrained policy's (as the TD3 paper and SB3's ``learning_starts`` do; ALF uses the policy, the default here).
+    Off-policy algorithms whose rollout stores no info (SAC, DDPG, TD3, DQN), synchronous unroll only.
+    """
+
+    save_replay_buffer: bool = True
+    num_threads: Optional[int] = None
+    progress_log_interval_s: float = 10.0
+    random_warm_up_actions: bool = False

@@ -1,0 +1,142 @@
+"""Training-step strategies: what one iteration does with the collector, the replay buffer and the learner.
+Chosen once, at assembly (``build.py``), so the loop never branches on the mode.
+
+- ``OnPolicyTraining``: unroll with gradients and train on that trajectory (A2C).
+- ``SampledReplayTraining``: collect into the replay buffer, then ``num_updates_per_train_iter`` sampled
+  mini-batches (SAC, DQN, DDPG/TD3; uniform or prioritized sampling is the buffer's business).
+- ``WholeBufferTraining``: collect into the buffer, then epochs of shuffled mini-batches over all of it, and clear it
+  (PPO, ALF's ``whole_replay_buffer_training`` + ``clear_replay_buffer``).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Optional
+
+from alfish.algorithms.base import Algorithm
+from alfish.collect.collector import Collector
+from alfish.learn.learner import Learner
+from alfish.replay.batching import WholeBufferBatches, to_time_major
+from alfish.replay.replay_buffer import ReplayBuffer
+from alfish.trainer.counters import Counters
+from alfish.transforms.base import DataTransformer
+
+
+class TrainingStep:
+    """One iteration's collection and training; ``timing`` holds the last iteration's seconds of each."""
+
+    def __init__(self, collector: Collector, learner: Learner, algorithm: Algorithm):
+        self.collector, self.learner, self.algorithm = collector, learner, algorithm
+        self.timing = dict(unroll_s=0.0, train_s=0.0)
+
+    def steps_before_training(self, counters: Counters) -> int:
+        """Steps per env to collect before the first iteration (the warm-up), given what ``counters`` say was done."""
+        return 0
+
+    def run(self, steps_per_env: int) -> int:
+        """Collect ``steps_per_env`` steps per env and train; returns the steps per env collected."""
+        start = time.monotonic()
+        collected = self._collect_and_train(steps_per_env)
+        self.timing["train_s"] = time.monotonic() - start - self.timing["unroll_s"]
+        self.algorithm.after_train_iter()
+        return collected
+
+    def _collect_and_train(self, steps_per_env: int) -> int:
+        raise NotImplementedError
+
+    def summary(self) -> dict[str, float]:
+        return {f"time/{name}": seconds for name, seconds in self.timing.items()}
+
+
+class OnPolicyTraining(TrainingStep):
+    """Trains on the trajectory ``[T + 1, B]`` just unrolled, with gradients; no replay."""
+
+    def _collect_and_train(self, steps_per_env: int) -> int:
+        start = time.monotonic()
+        trajectory = self.collector.collect_trajectory(steps_per_env)
+        self.timing["unroll_s"] = time.monotonic() - start
+        with self.learner.loss_context():
+            loss_info = self.algorithm.calc_loss(trajectory, None)
+        self.learner.apply(loss_info)
+        return steps_per_env
+
+
+class ReplayTraining(TrainingStep):
+    """Collects raw steps into ``replay`` and trains from it (``_train``, by the subclass).
+
+    initial_collect_steps: env steps over the job before training; total_envs: envs over all ranks.
+    """
+
+    def __init__(self, collector: Collector, learner: Learner, algorithm: Algorithm, replay: ReplayBuffer,
+                 transformer: DataTransformer, initial_collect_steps: int, num_env_steps: int, total_envs: int,
+                 num_updates_per_train_iter: int, mini_batch_size: Optional[int], mini_batch_length: Optional[int]):
+        super().__init__(collector, learner, algorithm)
+        self.replay, self.transformer = replay, transformer
+        self.initial_collect_steps, self.num_env_steps, self.total_envs = (initial_collect_steps, num_env_steps,
+                                                                           total_envs)
+        self.num_updates = num_updates_per_train_iter
+        self.mini_batch_size, self.mini_batch_length = mini_batch_size, mini_batch_length
+
+    def steps_before_training(self, counters: Counters) -> int:
+        """``initial_collect_steps`` (never past ``num_env_steps``), minus what was taken; skipped on a resume past
+        it."""
+        target = self.initial_collect_steps
+        if self.num_env_steps > 0:  # never collect past the run's own budget
+            target = min(target, self.num_env_steps)
+        return max(0, math.ceil((target - counters.env_steps) / self.total_envs))
+
+    def _collect_and_train(self, steps_per_env: int) -> int:
+        start = time.monotonic()
+        collected = self.collector.collect(steps_per_env)
+        self.timing["unroll_s"] = time.monotonic() - start
+        self._train()
+        return collected
+
+    def _train(self) -> None:
+        raise NotImplementedError
+
+
+class SampledReplayTraining(ReplayTraining):
+    """``num_updates_per_train_iter`` mini-batches of ``mini_batch_size`` sequences of ``mini_batch_length`` steps."""
+
+    def steps_before_training(self, counters: Counters) -> int:
+        """The warm-up, and at least one whole sequence per env. A resumed run whose checkpoint has no replay buffer
+        (``Trainer.save_replay_buffer=False``) refills one mini-batch worth of steps, so its first samples are not all
+        duplicates."""
+        steps = max(super().steps_before_training(counters),
+                    self.mini_batch_length - int(self.replay.num_stored().min()))
+        if len(self.replay) == 0 and counters.iteration > 0:
+            refill = max(self.mini_batch_length, math.ceil(self.mini_batch_size / self.replay.num_envs))
+            logging.info("resumed without a saved replay buffer: refilling %d steps per env before training "
+                         "(set Trainer.save_replay_buffer=True to keep the buffer in checkpoints)", refill)
+            steps = max(steps, refill)
+        return steps
+
+    def _train(self) -> None:
+        for _ in range(self.num_updates):
+            raw, batch_info = self.replay.sample(self.mini_batch_size, self.mini_batch_length)
+            raw = self.transformer.transform_sample(raw, batch_info, self.replay)
+            batch = self.transformer.transform_experience(to_time_major(raw))
+            loss_info = self.learner.update(batch, batch_info)
+            self.replay.update_priorities(batch_info, loss_info.priority)
+
+
+class WholeBufferTraining(ReplayTraining):
+    """Epochs of shuffled mini-batches over everything stored; then (with ``clear``) all but the newest step of each
+    env is forgotten: the next unroll's first transition starts from it, so every transition is trained on once."""
+
+    def __init__(self, *args, clear: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.clear = clear
+
+    def _train(self) -> None:
+        raw, where = self.replay.gather_all()
+        exp = self.transformer.transform_experience(self.transformer.transform_sample(raw, where, self.replay))
+        exp = self.algorithm.preprocess_experience(exp)
+        batches = WholeBufferBatches(exp, self.mini_batch_length or 1, self.mini_batch_size)
+        for _ in range(self.num_updates):
+            for batch in batches.epoch():
+                self.learner.update(batch)
+        if self.clear:
+            self.replay.clear(keep_last=1)
