@@ -61,7 +61,9 @@ class TrainerConfig:
             both limits are > 0, training stops at whichever is reached first.
         unroll_length: env steps per env per iteration; a fraction < 1 means one step every 1/unroll_length
             iterations.
-        unroll_with_grad: keep the autograd graph during unroll (on-policy algorithms that train on the unroll).
+        unroll_with_grad: ALF's switch for gradients through the unroll; here implied by the algorithm (on-policy ones
+            always unroll with gradients), and True with an off-policy algorithm is refused (stored steps would keep
+            autograd graphs).
         async_unroll: step the envs in a child process (with a copy of the rollout policy) feeding a bounded queue
             while this process trains; off-policy algorithms only. With unroll_length > 0 each iteration takes
             exactly that many steps per env from the queue (waiting for them); with unroll_length == 0 it takes
@@ -77,7 +79,9 @@ class TrainerConfig:
         temporally_independent_train_step: train_step sees all time steps of a mini-batch at once; None decides
             automatically, True forces it (False needs a recurrent train_step, not built yet).
         num_checkpoints: number of checkpoints, evenly spaced over the run, the last at its end (0: none).
-        confirm_checkpoint_upon_crash: write a checkpoint when training crashes (alfish never prompts for it).
+        confirm_checkpoint_upon_crash: after a crash a checkpoint is written either way; True first asks "Write a
+            checkpoint before exiting? [Y/n]" when stdin is an interactive terminal (60 s, default yes), never in a
+            batch job or pipe; False writes it without asking. A NaN/inf loss never writes one.
         no_thread_env_for_conf: ALF-only: do not create an extra env to show the config (not built yet).
         evaluate: evaluate the greedy policy periodically in separate eval envs.
         num_evals: number of evaluations over the run; when set it overrides eval_interval.

@@ -18,6 +18,7 @@ from alfish.trainer.build import build_replay_buffer, build_trainer
 from alfish.trainer.checkpoint import Checkpointer
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.resume import restore
+from tests.trainer.test_checkpoint import _assert_nest_equal
 
 COMMON = """
 TrainerConfig.random_seed = 3
@@ -68,21 +69,6 @@ TrainerConfig.mini_batch_size = 4
 TrainerConfig.mini_batch_length = 2
 """),
 }
-
-
-def _assert_nest_equal(a, b, where=""):
-    if isinstance(a, torch.Tensor):
-        assert torch.equal(a, b), where
-    elif isinstance(a, dict):
-        assert a.keys() == b.keys(), where
-        for k in a:
-            _assert_nest_equal(a[k], b[k], f"{where}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert len(a) == len(b), where
-        for i, (x, y) in enumerate(zip(a, b)):
-            _assert_nest_equal(x, y, f"{where}[{i}]")
-    else:
-        assert a == b, where
 
 
 @pytest.mark.timeout(120)

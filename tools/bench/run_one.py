@@ -27,7 +27,7 @@ ENV_STEPS_PER_ITERATION = {"ppo": 8 * 32, "dqn": 256, "dqn_noper": 256}  # as in
 
 def run_alfish(args: argparse.Namespace) -> dict:
     from alfish.config import TrainerConfig, load_conf
-    from alfish.trainer.trainer import Trainer
+    from alfish.trainer.build import build_trainer
 
     root = tempfile.mkdtemp(prefix=f"bench-alfish-{args.algo}-")
     params = [f"TrainerConfig.num_env_steps={args.steps}", "TrainerConfig.num_iterations=0",
@@ -44,18 +44,18 @@ def run_alfish(args: argparse.Namespace) -> dict:
         params.append(f"Trainer.num_threads={args.threads}")
     params += EXTRA_PARAMS.get(args.algo, [])
     load_conf(os.path.join(REPO, CONFS[args.algo]), params)
-    trainer = Trainer(TrainerConfig(root_dir=root))
+    trainer = build_trainer(TrainerConfig(root_dir=root))
     start = time.perf_counter()
     trainer.run()
     learn_s = time.perf_counter() - start
     evals = []
     log = os.path.join(root, "eval_log.jsonl")
     if os.path.exists(log):
-        offset = trainer._elapsed_s() - learn_s  # the log's clock starts at Trainer construction
+        offset = trainer.counters.elapsed_s() - learn_s  # the log's clock starts when the parts are built
         for line in open(log):
             rec = json.loads(line)
             evals.append((rec["env_steps"], rec["elapsed_s"] - offset, rec["average_return"]))
-    return dict(steps=trainer.env_steps, learn_s=learn_s, evals=evals)
+    return dict(steps=trainer.counters.env_steps, learn_s=learn_s, evals=evals)
 
 
 def run_sb3(args: argparse.Namespace) -> dict:

@@ -1,0 +1,45 @@
+"""Assembly checks: combinations the parts cannot serve fail before any env or process starts, with one line naming
+the parameters; a checkpoint of the older layout is refused with a clear message instead of a half-restored run."""
+import os
+
+import psutil
+import pytest
+
+from alfish.algorithms.a2c import A2cAlgorithm
+from alfish.algorithms.sac import SacAlgorithm
+from alfish.config import TrainerConfig
+from alfish.trainer.build import build_trainer
+from alfish.trainer.checkpoint import CheckpointError, Checkpointer
+from alfish.trainer.options import RunOptions
+from alfish.trainer.resume import check_resumable
+
+
+@pytest.mark.parametrize("settings, options, message", [
+    (dict(algorithm_ctor=SacAlgorithm, unroll_with_grad=True), RunOptions(),
+     "TrainerConfig.unroll_with_grad=True: SacAlgorithm is off-policy and stores its steps in the replay buffer, "
+     "where autograd graphs must not be kept; set it to False (on-policy algorithms always unroll with gradients)"),
+    (dict(algorithm_ctor=A2cAlgorithm, priority_replay=True, whole_replay_buffer_training=False, mini_batch_size=4,
+          mini_batch_length=2), RunOptions(),
+     "TrainerConfig.priority_replay=True needs an off-policy algorithm; A2cAlgorithm trains on-policy without replay"),
+    (dict(algorithm_ctor=A2cAlgorithm, async_unroll=True), RunOptions(),
+     "TrainerConfig.async_unroll=True needs an off-policy algorithm; A2cAlgorithm trains on-policy"),
+    (dict(algorithm_ctor=SacAlgorithm, async_unroll=True), RunOptions(random_warm_up_actions=True),
+     "Trainer.random_warm_up_actions=True needs an off-policy algorithm and a synchronous unroll"),
+])
+def test_unservable_combinations_fail_before_anything_starts(tmp_path, settings, options, message):
+    root = tmp_path / "root"
+    children_before = len(psutil.Process().children(recursive=True))
+    with pytest.raises(ValueError) as error:
+        build_trainer(TrainerConfig(root_dir=str(root), **settings), options)
+    assert str(error.value).startswith(message)
+    assert not root.exists()  # nothing was created: the check ran first
+    assert len(psutil.Process().children(recursive=True)) == children_before  # no process was started
+
+
+def test_a_checkpoint_of_the_older_layout_is_refused_with_a_clear_message(tmp_path):
+    checkpointer = Checkpointer(os.path.join(tmp_path, "checkpoints"))
+    checkpointer.save(5, {"algorithm": {}}, {"iteration": 5, "seed": 1})  # layout 1 had no "layout" entry
+    with pytest.raises(CheckpointError, match=r"checkpoint .*ckpt-5 was made by an older alfish \(checkpoint layout "
+                                              r"1, this version reads 2\); resume it with the alfish that wrote it, "
+                                              r"or train into a new root_dir"):
+        check_resumable(checkpointer.load_latest())
