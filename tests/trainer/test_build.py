@@ -9,7 +9,7 @@ from alfish.algorithms.a2c import A2cAlgorithm
 from alfish.algorithms.sac import SacAlgorithm
 from alfish.config import TrainerConfig
 from alfish.trainer.build import build_trainer
-from alfish.trainer.checkpoint import CheckpointError, Checkpointer
+from alfish.trainer.checkpoint import Checkpointer, CheckpointError
 from alfish.trainer.options import RunOptions
 from alfish.trainer.resume import check_resumable
 
