@@ -7,7 +7,7 @@ by name; the version counter, the progress values and the lock exist from the ch
 from __future__ import annotations
 
 import time
-from multiprocessing import resource_tracker, shared_memory
+from multiprocessing import shared_memory
 from typing import Any, Callable, Optional
 
 import numpy as np
@@ -64,9 +64,9 @@ class ParamBlock:
         if name is None:
             self.memory = shared_memory.SharedMemory(create=True, size=max(1, size))
         else:
+            # Attaching registers the name with the resource tracker again (bpo-39959); the spawned child shares the
+            # trainer's tracker, whose record is a set, so the trainer's unlink clears it once for both.
             self.memory = shared_memory.SharedMemory(name=name)
-            # The creator unlinks it; without this the child's resource tracker entry reports a "leak" (bpo-39959).
-            resource_tracker.unregister(self.memory._name, "shared_memory")  # noqa: SLF001
             if self.memory.size < size:
                 raise AsyncUnrollError(f"the shared parameter block holds {self.memory.size} bytes, the child's "
                                        f"rollout policy needs {size}: the two sides built different algorithms")

@@ -115,10 +115,17 @@ def test_sigkilled_child_ends_the_job_with_the_signal_and_pid(tmp_path):
 @pytest.mark.cli
 @pytest.mark.timeout(120)
 def test_killed_trainer_takes_its_child_with_it(tmp_path):
+    shm_before = shm_entries()
     proc, child = start_training(tmp_path)
     proc.kill()
     proc.communicate(timeout=30)
     assert wait_gone(child, 10) < 10
+    # The parameter block could not be unlinked by the killed trainer: the resource tracker removes it once both
+    # sides are gone.
+    deadline = time.monotonic() + 10
+    while not shm_entries() <= shm_before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert shm_entries() <= shm_before
 
 
 @pytest.mark.cli
