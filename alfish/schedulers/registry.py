@@ -22,14 +22,14 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
-from typing import TYPE_CHECKING
+from typing import Callable
 
 import gin
 from gin import config as gin_config
 
-if TYPE_CHECKING:
-    from alfish.schedulers.schedules import Scheduler
-
+# What the registry keeps: a schedule, i.e. a callable returning its current value (the registry sits below
+# alfish.schedulers.schedules, which registers every schedule it builds here, so it does not import it back).
+Scheduler = Callable[[], float]
 
 _LOCK = threading.Lock()
 # Unique name -> live schedule, in the order built (an entry goes when its schedule is garbage collected).

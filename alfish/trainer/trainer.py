@@ -64,16 +64,17 @@ class Trainer:
     def run(self) -> int:
         """Train to the end (or until a stop signal); returns the process exit code."""
         counters = self.counters
-        progress = Progress(self.plan.expected_iterations, counters.iteration,
-                            self.options.progress_log_interval_s if self.dist.is_main else math.inf)
+        progress: Optional[Progress] = None
         with SignalRequests() as signals:
             try:
                 self._restore_or_start()
+                progress = Progress(self.plan.expected_iterations, counters.iteration,
+                                    self.options.progress_log_interval_s if self.dist.is_main else math.inf)
                 self._warm_up()
                 while not self.plan.finished(counters):
                     self._update_schedules()
-                    counters.env_steps += self.training.run(counters.steps_this_iteration(
-                        self.config.unroll_length)) * self.plan.total_envs
+                    steps_per_env = counters.steps_this_iteration(self.config.unroll_length)
+                    counters.env_steps += self.training.run(steps_per_env) * self.plan.total_envs
                     counters.iteration += 1
                     self.collector.publish_parameters(counters.iteration, self.plan.progress(counters))
                     self._after_iteration()
@@ -86,7 +87,8 @@ class Trainer:
                 self._checkpoint_after_crash(err)
                 raise
             finally:
-                progress.close()
+                if progress is not None:
+                    progress.close()
                 self.close()
         logging.info("training finished: %d iterations, %d env steps", counters.iteration, counters.env_steps)
         return 0
