@@ -121,6 +121,45 @@ class RLAlgorithm(Algorithm):
         return obs.reshape(obs.shape[:batch_dims] + (self.obs_dim,)).to(torch.float32)
 
 
+class UpdateCounter:
+    """Mixin for ``nn.Module`` algorithms that count their optimizer steps (target-network periods, TD3's delay).
+
+    The count lives twice: the ``num_updates`` buffer (int64, 0-d, on the module's device) goes into checkpoints, and
+    a Python int (``updates_done``) drives every decision of the update path, which must not read a device tensor
+    back (a host sync on CUDA, an error on ``meta``). The two stay equal: both start at 0 in
+    ``_init_update_counter``, both advance in ``_count_update``, and ``load_state_dict`` sets the Python int from the
+    loaded tensor while that is still the caller's (usually CPU) tensor, before it is copied to the device. Moving the
+    module (``.to(device)``) leaves both as they are.
+    """
+
+    _updates_done: int
+
+    def _init_update_counter(self) -> None:
+        """Call once in ``__init__``, after ``nn.Module.__init__``."""
+        self.register_buffer("num_updates", torch.zeros((), dtype=torch.int64))
+        self._updates_done = 0
+
+    @property
+    def updates_done(self) -> int:
+        """Optimizer steps counted so far (the value of the ``num_updates`` buffer, without reading it)."""
+        return self._updates_done
+
+    def _count_update(self) -> int:
+        """Count one optimizer step on both copies; returns the new count. No host sync."""
+        self.num_updates += 1  # in place on the device
+        self._updates_done += 1
+        return self._updates_done
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        loaded = state_dict.get(prefix + "num_updates")
+        # Read the source tensor, not the buffer: a checkpoint's tensor is on the CPU, so this costs no device sync,
+        # and it works when the module itself is on ``meta``. A source without values (meta) leaves the count alone.
+        if (isinstance(loaded, torch.Tensor) and loaded.shape == self.num_updates.shape
+                and loaded.device.type != "meta"):
+            self._updates_done = int(loaded)
+
+
 class OnPolicyAlgorithm(RLAlgorithm):
     """Trains on the trajectory it just unrolled: ``rollout_step`` runs with gradients and the trainer hands the
     unroll ``[T+1, B]`` (last row: the bootstrap step, without gradients) straight to ``calc_loss``. No replay."""

@@ -23,13 +23,13 @@ when ``policy_delay > 1``.
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import gin
 import gymnasium as gym
 import torch
 
-from alfish.algorithms.base import OffPolicyAlgorithm
+from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.mlp import MLP, EnsembleMLP
 from alfish.schedulers import Scheduler, as_scheduler
@@ -43,7 +43,7 @@ class DdpgTrainInfo(NamedTuple):
 
 
 @gin.configurable
-class DdpgAlgorithm(OffPolicyAlgorithm):
+class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
     """DDPG, and TD3 with ``num_critics=2, target_policy_noise=0.2, target_noise_clip=0.5, policy_delay=2``.
 
     Args:
@@ -91,10 +91,8 @@ class DdpgAlgorithm(OffPolicyAlgorithm):
         self.policy_delay, self.target_update_period = policy_delay, target_update_period
         self._lrs = dict(actor=actor_lr, critic=critic_lr)
         # Optimizer steps done: a buffer so checkpoints keep the delay's phase, mirrored by a Python int so the
-        # delay decision costs no host sync (re-read once after load_state_dict).
-        self.register_buffer("num_updates", torch.zeros((), dtype=torch.int64))
-        self._num_updates: Optional[int] = None
-        self.register_load_state_dict_post_hook(lambda module, keys: setattr(module, "_num_updates", None))
+        # delay and target decisions cost no host sync (set from the loaded tensor by load_state_dict).
+        self._init_update_counter()
 
     def param_groups(self) -> list[dict]:
         return [dict(name="actor", params=list(self.actor.parameters()), lr=self._lrs["actor"]),
@@ -108,14 +106,9 @@ class DdpgAlgorithm(OffPolicyAlgorithm):
             unit_action = (unit_action + noise).clamp(-1.0, 1.0)
         return self.scale_action(unit_action), EMPTY
 
-    def _updates_done(self) -> int:
-        if self._num_updates is None:
-            self._num_updates = int(self.num_updates)
-        return self._num_updates
-
     def actor_due(self) -> bool:
         """Whether the coming optimizer step (the ``updates_done + 1``-th) trains the actor."""
-        return (self._updates_done() + 1) % self.policy_delay == 0
+        return (self.updates_done + 1) % self.policy_delay == 0
 
     def smoothing_noise(self, like: torch.Tensor) -> torch.Tensor:
         """TD3's target policy smoothing: N(0, target_policy_noise) clipped to +-target_noise_clip."""
@@ -167,9 +160,7 @@ class DdpgAlgorithm(OffPolicyAlgorithm):
     def after_update(self) -> None:
         """Counts the optimizer step; on every ``policy_delay * target_update_period``-th, Polyak-averages the target
         actor and critics towards the online ones."""
-        self._num_updates = self._updates_done() + 1
-        self.num_updates += 1
-        if self._num_updates % (self.policy_delay * self.target_update_period) == 0:
+        if self._count_update() % (self.policy_delay * self.target_update_period) == 0:
             tau = self.tau()
             with torch.no_grad():
                 for target, online in ((self.target_actor, self.actor), (self.target_critics, self.critics)):

@@ -18,7 +18,7 @@ import gymnasium as gym
 import torch
 import torch.nn.functional as F
 
-from alfish.algorithms.base import OffPolicyAlgorithm
+from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
 from alfish.networks.mlp import MLP
 from alfish.schedulers import Scheduler, as_scheduler
@@ -70,7 +70,7 @@ class DqnTrainInfo(NamedTuple):
 
 
 @gin.configurable
-class DqnAlgorithm(OffPolicyAlgorithm):
+class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
     """DQN / double DQN with n-step returns.
 
     Args:
@@ -111,7 +111,7 @@ class DqnAlgorithm(OffPolicyAlgorithm):
         self.tau = as_scheduler(target_update_tau)
         self.epsilon = as_scheduler(epsilon_greedy)
         self.huber_loss = huber_loss
-        self.register_buffer("num_updates", torch.zeros((), dtype=torch.int64))
+        self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
 
     def param_groups(self) -> list[dict]:
         return [dict(name="q", params=list(self.q_net.parameters()), lr=self.lr)]
@@ -170,14 +170,14 @@ class DqnAlgorithm(OffPolicyAlgorithm):
             count = valid.sum().clamp(min=1.0)
             return dict(td_loss=loss.detach().sum() / count,
                         q_mean=(train_info.q.detach() * valid).sum() / count,
-                        epsilon=torch.tensor(self.epsilon()))
+                        epsilon=torch.tensor(self.epsilon(), device=valid.device))
 
         return LossInfo(loss=loss.unsqueeze(0), extra=extra, priority=td.detach().abs() * valid)
 
     def after_update(self) -> None:
-        self.num_updates += 1
-        # The modulo reads the counter back (a host sync on GPU), so skip it in the period-1 case.
-        if self.target_update_period == 1 or int(self.num_updates) % self.target_update_period == 0:
+        """Counts the optimizer step; on every ``target_update_period``-th, Polyak-averages the target network
+        towards the Q-network. The period is decided on the Python mirror of the count: no host sync."""
+        if self._count_update() % self.target_update_period == 0:
             with torch.no_grad():
                 torch._foreach_lerp_(list(self.target_q_net.parameters()), list(self.q_net.parameters()),
                                      self.tau())

@@ -14,7 +14,7 @@ import gymnasium as gym
 import torch
 from torch import nn
 
-from alfish.algorithms.base import OffPolicyAlgorithm
+from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.distributions import tanh_gaussian_sample
 from alfish.networks.mlp import MLP, EnsembleMLP
@@ -32,7 +32,7 @@ class SacTrainInfo(NamedTuple):
 
 
 @gin.configurable
-class SacAlgorithm(OffPolicyAlgorithm):
+class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
     """SAC.
 
     Args:
@@ -58,6 +58,8 @@ class SacAlgorithm(OffPolicyAlgorithm):
         if self.discrete:
             raise ValueError(f"SacAlgorithm needs a Box action space, got {action_space}; use PpoAlgorithm or "
                              "A2cAlgorithm for discrete actions")
+        if target_update_period < 1:
+            raise ValueError(f"SacAlgorithm.target_update_period={target_update_period} must be >= 1")
         self.actor = MLP(self.obs_dim, 2 * self.action_dim, hidden_sizes)
         self.critics = EnsembleMLP(num_critics, self.obs_dim + self.action_dim, 1, hidden_sizes)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
@@ -67,7 +69,7 @@ class SacAlgorithm(OffPolicyAlgorithm):
         self.target_update_period = target_update_period
         self.target_entropy = as_scheduler(-float(self.action_dim) if target_entropy is None else target_entropy)
         self._lrs = dict(actor=actor_lr, critic=critic_lr, alpha=alpha_lr)
-        self.register_buffer("num_updates", torch.zeros((), dtype=torch.int64))
+        self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
 
     def param_groups(self) -> list[dict]:
         return [dict(name="actor", params=list(self.actor.parameters()), lr=self._lrs["actor"]),
@@ -129,9 +131,9 @@ class SacAlgorithm(OffPolicyAlgorithm):
         return LossInfo(loss=loss.view(shape), extra=extra, priority=priority)
 
     def after_update(self) -> None:
-        self.num_updates += 1
-        # The modulo reads the counter back (a host sync on GPU), so skip it in the common period-1 case.
-        if self.target_update_period == 1 or int(self.num_updates) % self.target_update_period == 0:
+        """Counts the optimizer step; on every ``target_update_period``-th, Polyak-averages the target critics
+        towards the critics. The period is decided on the Python mirror of the count: no host sync."""
+        if self._count_update() % self.target_update_period == 0:
             with torch.no_grad():
                 torch._foreach_lerp_(list(self.target_critics.parameters()), list(self.critics.parameters()),
                                      self.tau())

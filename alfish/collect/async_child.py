@@ -78,11 +78,16 @@ def _run(config: Any, env: Any, env_spec: Any, shared: SharedParams, block_name:
     from alfish.seeding import CHILD_SEED_OFFSET, seed_everything
 
     seed_everything((seed if seed is not None else 0) + CHILD_SEED_OFFSET)  # action sampling: its own stream
+    from alfish.learn.device import DevicePolicy
+
+    device = DevicePolicy().acting_device()  # the CPU unless DevicePolicy.rollout_device says otherwise
     transformer, algorithm = build_policy(config, env_spec)
+    algorithm.to(device), transformer.to(device)
     tensors = rollout_state(algorithm, transformer)
     block = ParamBlock(shared, tensors, name=block_name)
     version = _load_parameters(block, tensors, 0, parent_alive)
-    unroller = Unroller(env, algorithm, transform=transformer.rollout_view(update_stats=False), seed=seed)
+    unroller = Unroller(env, algorithm, transform=transformer.rollout_view(update_stats=False), seed=seed,
+                        device=device)
     next_tick = time.monotonic()
     with torch.inference_mode():
         while not stop.is_set() and parent_alive():

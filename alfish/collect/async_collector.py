@@ -21,7 +21,7 @@ import multiprocessing as mp
 import queue
 import signal
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -30,8 +30,10 @@ from alfish.collect.async_child import UnrollSpec, child_main
 from alfish.collect.collector import Collector, ProgressPoint, Sink
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock, SharedParams, rollout_state
+from alfish.collect.unroller import to_device
 from alfish.data import nest
 from alfish.data.types import Experience, TimeStep
+from alfish.learn.device import CPU
 from alfish.transforms.base import DataTransformer
 
 __all__ = ["AsyncCollector", "AsyncUnrollError", "PolicyLag", "ReceivedStep", "UnrollSpec", "rollout_state"]
@@ -54,10 +56,11 @@ class AsyncCollector(Collector):
     parameter_update_period: iterations between two publishes of the rollout parameters.
     stall_timeout_s: a blocking ``collect`` that receives nothing for this long is an error even if the child is
     alive (a hung env); the same bound applies to the child's start-up (building its envs).
+    device: the training device (the child acts on ``DevicePolicy.rollout_device``, the CPU by default).
     """
 
     def __init__(self, spec: UnrollSpec, queue_size: int, max_unroll_length: int = 0,
-                 parameter_update_period: int = 1, stall_timeout_s: float = 300.0):
+                 parameter_update_period: int = 1, stall_timeout_s: float = 300.0, device: torch.device = CPU):
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or signal handlers
         self.shared = SharedParams(self._ctx)
         self._steps = self._ctx.Queue(maxsize=queue_size)
@@ -68,6 +71,7 @@ class AsyncCollector(Collector):
         self.max_unroll_length = max_unroll_length
         self.parameter_update_period = parameter_update_period
         self.stall_timeout_s = stall_timeout_s
+        self.device = device  # the training device: the data transformers' statistics live there
         self.block: Optional[ParamBlock] = None
         self.policy_lag = PolicyLag()
         self._iteration = 0
@@ -96,8 +100,10 @@ class AsyncCollector(Collector):
                                            ) from None
 
     def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
-              seed: Optional[int], progress: ProgressPoint) -> None:
+              seed: Optional[int], progress: ProgressPoint,
+              before_publish: Callable[[], None] = lambda: None) -> None:
         self._algorithm, self._transformer, self._sink = algorithm, transformer, sink
+        self._before_publish = before_publish
         self._stats_view = transformer.rollout_view(update_stats=True)
         self.block = ParamBlock(self.shared, rollout_state(algorithm, transformer))
         self._iteration = progress.iterations
@@ -106,6 +112,7 @@ class AsyncCollector(Collector):
 
     def publish(self, progress: ProgressPoint) -> int:
         """Make the current rollout parameters the child's from its next step on; returns their version."""
+        self._before_publish()
         state = rollout_state(self._algorithm, self._transformer)
         version = self.block.write(state, (progress.iterations, progress.env_steps, progress.fraction))
         self.policy_lag.published(version, self._iteration)
@@ -122,7 +129,7 @@ class AsyncCollector(Collector):
         received = self.receive(steps_per_env or None, self.max_unroll_length)
         for step in received:
             raw = as_time_step(step.experience)
-            self._stats_view(raw)  # data transformer statistics (e.g. normalizers) live here, not in the child
+            self._stats_view(to_device(raw, self.device))  # data transformer statistics live here, not in the child
             self.stats.observe(raw)
             self._sink(step.experience)
         self.policy_lag.received(received, self._iteration)

@@ -19,11 +19,12 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.episode_stats import EpisodeStats
-from alfish.collect.unroller import Unroller
+from alfish.collect.unroller import Unroller, to_device
 from alfish.data import nest
 from alfish.data.types import Experience
 from alfish.envs.batched_env import BatchedEnv
 from alfish.envs.spec import EnvSpec
+from alfish.learn.device import CPU
 from alfish.transforms.base import DataTransformer
 
 Sink = Callable[[Experience], None]
@@ -45,8 +46,11 @@ class Collector:
     stats: EpisodeStats
 
     def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
-              seed: Optional[int], progress: ProgressPoint) -> None:
-        """Begin acting with ``algorithm``'s rollout policy; envs reset with ``seed`` (``None``: their own)."""
+              seed: Optional[int], progress: ProgressPoint,
+              before_publish: Callable[[], None] = lambda: None) -> None:
+        """Begin acting with ``algorithm``'s rollout policy; envs reset with ``seed`` (``None``: their own).
+        ``before_publish`` runs before parameters are copied to another process (the learner's non-finite check, so
+        no NaN policy is shipped)."""
         raise NotImplementedError
 
     def collect(self, steps_per_env: int) -> int:
@@ -77,10 +81,11 @@ class SyncCollector(Collector):
 
     random_warm_up_actions: the warm-up acts uniformly at random (TD3 paper, SB3's ``learning_starts``); the algorithm
     must store no rollout info (checked by ``check_random_actions_storable``).
+    device: the training device, where the algorithm (and so its rollout policy) lives.
     """
 
-    def __init__(self, env: BatchedEnv, random_warm_up_actions: bool = False):
-        self.env = env
+    def __init__(self, env: BatchedEnv, random_warm_up_actions: bool = False, device: torch.device = CPU):
+        self.env, self.device = env, device
         self.spec = EnvSpec.of(env)
         self.stats = EpisodeStats(env.num_envs)
         self.random_warm_up_actions = random_warm_up_actions
@@ -88,9 +93,11 @@ class SyncCollector(Collector):
         self._sink: Optional[Sink] = None
 
     def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
-              seed: Optional[int], progress: ProgressPoint) -> None:
+              seed: Optional[int], progress: ProgressPoint,
+              before_publish: Callable[[], None] = lambda: None) -> None:
         self._sink = sink
-        self.unroller = Unroller(self.env, algorithm, self.stats, transformer.rollout_view(update_stats=True), seed)
+        self.unroller = Unroller(self.env, algorithm, self.stats, transformer.rollout_view(update_stats=True), seed,
+                                 self.device)
 
     def collect(self, steps_per_env: int) -> int:
         self.unroller.unroll(steps_per_env, self._sink)
@@ -110,8 +117,9 @@ class SyncCollector(Collector):
 def check_random_actions_storable(algorithm: Algorithm, transformer: DataTransformer, spec: EnvSpec) -> None:
     """Random warm-up actions come without rollout info; an algorithm that stores some (e.g. PPO's log-probs) cannot
     train on them. Raises a ValueError saying so."""
+    device = next(iter(algorithm.parameters())).device
     with torch.inference_mode():
-        seen = transformer.rollout_view(update_stats=False)(spec.zero_time_step())
+        seen = transformer.rollout_view(update_stats=False)(to_device(spec.zero_time_step(), device))
         info = algorithm.rollout_step(seen).info
     if nest.flatten(info):
         raise ValueError(f"Trainer.random_warm_up_actions=True: {type(algorithm).__name__} stores rollout info with "
@@ -122,8 +130,9 @@ def example_experience(algorithm: Algorithm, transformer: DataTransformer, spec:
     """An Experience ``[B]`` with the structure the collectors store for ``algorithm`` (to restore a replay buffer
     without an env)."""
     time_step = spec.zero_time_step()
+    device = next(iter(algorithm.parameters())).device
     with torch.inference_mode():
-        alg_step = algorithm.rollout_step(transformer.rollout_view(update_stats=False)(time_step))
-    return Experience.from_time_step(time_step, alg_step.output, alg_step.info)
+        alg_step = algorithm.rollout_step(transformer.rollout_view(update_stats=False)(to_device(time_step, device)))
+    return Experience.from_time_step(time_step, *to_device((alg_step.output, alg_step.info), CPU))
 
 

@@ -82,7 +82,8 @@ class ParamBlock:
             raise AsyncUnrollError(f"could not publish parameters: the shared lock was held for {LOCK_TIMEOUT_S} s")
         try:
             for name, offset, nbytes in self.layout:
-                view[offset:offset + nbytes] = tensors[name].detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+                flat = tensors[name].detach().contiguous().reshape(-1).view(torch.uint8)
+                view[offset:offset + nbytes] = flat.cpu().numpy()  # from a GPU: one copy per tensor per publish
             self.shared.progress[:] = list(progress)
             self.shared.version.value += 1
             return self.shared.version.value

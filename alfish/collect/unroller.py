@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.data import nest
-from alfish.data.types import AlgStep, Experience, TimeStep
+from alfish.data.types import EMPTY, Experience, TimeStep
 from alfish.envs.batched_env import BatchedEnv
+from alfish.learn.device import CPU
+
+
+def _identity(nest_: Any) -> Any:
+    return nest_
+
+
+def to_device(nest_: Any, device: torch.device) -> Any:
+    """Every tensor of ``nest_`` on ``device`` (``non_blocking``: a host-to-device copy does not wait; a copy to the
+    host does, which is what the env needs)."""
+    return nest.map_nest(lambda x: x.to(device, non_blocking=device.type != "cpu"), nest_)
 
 
 class Unroller:
@@ -21,12 +32,20 @@ class Unroller:
     ``transform`` maps the raw TimeStep to what the algorithm sees (the data transformers' rollout view); off-policy
     storage keeps the raw step, the on-policy trajectory the transformed one. ``stats`` (optional) sees every time
     step the env returns. Construction resets the env (with ``seed``; ``None``: the env's own seed).
+
+    ``device``: where the algorithm acts. The env's time step (host) crosses to it once per env step, batched over
+    the envs, before the transformers see it; the action (and the rollout info, when the raw step is stored) cross
+    back once. With the CPU nothing is copied.
     """
 
     def __init__(self, env: BatchedEnv, algorithm: Algorithm, stats: Optional[EpisodeStats] = None,
-                 transform: Optional[Callable[[TimeStep], TimeStep]] = None, seed: Optional[int] = None):
+                 transform: Optional[Callable[[TimeStep], TimeStep]] = None, seed: Optional[int] = None,
+                 device: torch.device = CPU):
         self.env, self.algorithm, self.stats = env, algorithm, stats
         self.transform = transform or (lambda time_step: time_step)
+        on_host = device.type == "cpu"
+        self._to_device = _identity if on_host else (lambda nest_: to_device(nest_, device))
+        self._to_host = _identity if on_host else (lambda nest_: to_device(nest_, CPU))
         self.last_env_step_s = 0.0  # wall-clock of the last env.step call
         self.reset(seed)
 
@@ -43,7 +62,7 @@ class Unroller:
         """The current time step as the algorithm sees it. Transformed once per env step: stateful transformers
         (frame stacking) and running statistics must not see a step twice."""
         if self._seen is None:
-            self._seen = self.transform(self.time_step)
+            self._seen = self.transform(self._to_device(self.time_step))
         return self._seen
 
     def step(self, store_transformed: bool = False, random_actions: bool = False) -> Experience:
@@ -54,11 +73,19 @@ class Unroller:
         stores no info). Gradients follow the caller's mode (see ``unroll``).
         """
         seen = self.seen()  # transformed even when acting randomly: running statistics see every step
-        alg_step = AlgStep(output=self.env.random_action()) if random_actions else self.algorithm.rollout_step(seen)
-        taken = Experience.from_time_step(seen if store_transformed else self.time_step, alg_step.output,
-                                          alg_step.info)
+        if random_actions:
+            action, info = self.env.random_action(), EMPTY
+        else:
+            alg_step = self.algorithm.rollout_step(seen)
+            action, info = alg_step.output, alg_step.info
+        if store_transformed:  # the trajectory stays where it was computed (with its autograd graph)
+            taken = Experience.from_time_step(seen, action, info)
+            action = self._to_host(action)
+        else:  # the raw step goes to host storage: the action and its info cross together
+            action, info = self._to_host((action, info))
+            taken = Experience.from_time_step(self.time_step, action, info)
         start = time.monotonic()
-        self.time_step, self._seen = self.env.step(alg_step.output), None
+        self.time_step, self._seen = self.env.step(action), None
         self.last_env_step_s = time.monotonic() - start
         self._observe(self.time_step)
         return taken

@@ -3,7 +3,8 @@
 ``torchrun`` sets ``WORLD_SIZE``, ``RANK``, ``LOCAL_RANK`` and the rendezvous address; ``init_distributed`` joins the
 process group from them (``env://``), so multi-node works as torchrun does. Each rank runs its own envs (seeded per
 rank) and its own replay buffer; gradients are averaged across ranks once per update, so all ranks keep identical
-parameters. Job totals (envs, mini-batch size) are split across ranks by ``split_total``.
+parameters. As in ALF, ``num_parallel_environments`` and ``mini_batch_size`` are per rank, while ``num_env_steps`` and
+``initial_collect_steps`` count env steps over the whole job.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from alfish.data.types import Experience, LossInfo
+from alfish.learn.device import CPU
 
 logger = logging.getLogger(__name__)
 
@@ -42,21 +44,20 @@ class DistContext:
         return self.world_size > 1
 
 
-@gin.configurable
-def init_distributed(backend: str | None = None, timeout_s: float = 30.0) -> DistContext:
+@gin.configurable(denylist=["device"])
+def init_distributed(device: torch.device = CPU, backend: str | None = None,
+                     timeout_s: float = 30.0) -> DistContext:
     """Join the torchrun job described by the environment, or return a single-process context.
 
-    backend: ``None`` chooses nccl when CUDA is available, else gloo; ``'gloo'`` or ``'nccl'`` override.
+    device: this rank's training device (``DevicePolicy.training_device``).
+    backend: ``None`` chooses nccl for a CUDA device, else gloo; ``'gloo'`` or ``'nccl'`` override.
     timeout_s: how long a collective may wait for the other ranks before it fails (a dead or hung rank must end the
     job quickly, not after torch's default of 30 minutes).
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return DistContext()
-    if torch.cuda.is_available():
-        raise NotImplementedError("multi-GPU training is not built yet (no GPU to test it on); run torchrun on "
-                                  "CPU (CUDA_VISIBLE_DEVICES='') or with one process")
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"init_distributed.backend='{backend}' must be 'gloo', 'nccl' or None (automatic)")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
@@ -68,12 +69,13 @@ def init_distributed(backend: str | None = None, timeout_s: float = 30.0) -> Dis
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)
 
 
-def split_total(total: int, ctx: DistContext, what: str) -> int:
-    """This rank's share of a job total that must divide evenly (envs, mini-batch size)."""
-    if total % ctx.world_size:
-        raise ValueError(f"{what}={total} is the total over the job and must be divisible by the {ctx.world_size} "
-                         f"ranks; set it to a multiple of {ctx.world_size}")
-    return total // ctx.world_size
+def log_job_totals(ctx: DistContext, envs_per_rank: int, mini_batch_size: int | None) -> None:
+    """Log what the per-rank settings add up to over the job (a torchrun user should see the effective totals)."""
+    if not ctx.enabled:
+        return
+    logger.info("per rank: %d envs, mini_batch_size %s; over the %d ranks: %d envs, mini-batches of %s",
+                envs_per_rank, mini_batch_size, ctx.world_size, envs_per_rank * ctx.world_size,
+                None if mini_batch_size is None else mini_batch_size * ctx.world_size)
 
 
 class LossModule(nn.Module):
@@ -89,7 +91,7 @@ class LossModule(nn.Module):
         return self.algorithm.calc_loss(exp, train_info)
 
 
-def wrap_for_ddp(algorithm: nn.Module, ctx: DistContext) -> nn.Module:
+def wrap_for_ddp(algorithm: nn.Module, ctx: DistContext, device: torch.device = CPU) -> nn.Module:
     """``LossModule(algorithm)``, wrapped in DDP when the job has several ranks.
 
     DDP broadcasts rank 0's parameters and buffers at construction, so all ranks start equal. Algorithms whose some
@@ -99,7 +101,8 @@ def wrap_for_ddp(algorithm: nn.Module, ctx: DistContext) -> nn.Module:
     if not ctx.enabled:
         return module
     find_unused = bool(getattr(algorithm, "skips_parameters_in_some_updates", False))
-    return nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused,
+    device_ids = [device] if device.type == "cuda" else None
+    return nn.parallel.DistributedDataParallel(module, device_ids=device_ids, find_unused_parameters=find_unused,
                                                 forward_sync_buffers=False)
 
 
@@ -148,19 +151,6 @@ def any_rank(flags: Sequence[bool], ctx: DistContext) -> list[bool]:
     values = torch.tensor([int(f) for f in flags])
     dist.all_reduce(values, op=dist.ReduceOp.MAX)
     return [bool(v) for v in values.tolist()]
-
-
-def bind_envs_per_rank(ctx: DistContext) -> None:
-    """Rebind ``create_environment.num_parallel_environments`` (the job total in the conf) to this rank's share, so
-    everything built from gin on this rank (its envs, an async unroll child) gets the share."""
-    try:
-        total = int(gin.query_parameter("create_environment.num_parallel_environments"))
-    except ValueError:  # not bound: create_environment's default
-        total = 1
-    local = split_total(total, ctx, "create_environment.num_parallel_environments")
-    with gin.unlock_config():
-        gin.bind_parameter("create_environment.num_parallel_environments", local)
-    logger.info("create_environment.num_parallel_environments: %d per rank (job total %d)", local, total)
 
 
 def broadcast_object(obj: object, ctx: DistContext) -> object:

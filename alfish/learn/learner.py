@@ -1,9 +1,13 @@
 """The Learner: turns an algorithm's losses into parameter updates (DESIGN.md §1, §3.2, §3.8, §3.9, §3.11).
 
-Everything between a ``LossInfo`` and changed parameters lives here: importance weighting, the one mean, the
-non-finite guard, backward under the AMP policy, the gradient all-reduce (DDP), clipping, the optimizer step with its
-scheduled learning rates, ``after_update`` and the update counter. The trainer decides *when* to update and *on what*;
-the Learner decides *how*.
+Everything between a ``LossInfo`` and changed parameters lives here: the training device, importance weighting, the
+one mean, the non-finite guard, backward under the AMP policy, the gradient all-reduce (DDP), clipping, the optimizer
+step with its scheduled learning rates, ``after_update`` and the update counter. The trainer decides *when* to update
+and *on what*; the Learner decides *how*.
+
+An update makes no host synchronization (DESIGN.md §3.12): the non-finite guard latches on the device and is read
+every ``finite_check_interval`` updates and by ``check_finite`` (the trainer calls it before summaries, checkpoints,
+parameter publishes and evaluations); summaries are device tensors read by the writer.
 
 Two entry points, one shared step:
 
@@ -15,7 +19,9 @@ Two entry points, one shared step:
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
+from typing import Optional
 
+import gin
 import torch
 from torch import nn
 
@@ -24,6 +30,7 @@ from alfish.data.types import BatchInfo, Experience, LossInfo
 from alfish.errors import NonFiniteLossError
 from alfish.learn.amp import AmpPolicy
 from alfish.learn.distributed import DistContext, allreduce_gradients, wrap_for_ddp
+from alfish.learn.finite_guard import NonFiniteGuard
 from alfish.learn.optim import OptimizerConfig
 from alfish.schedulers import split_lr_schedules, update_optimizer_lrs
 
@@ -36,15 +43,22 @@ def loss_terms(loss_info: LossInfo) -> dict[str, torch.Tensor | float]:
     return dict(extra() if callable(extra) else (extra or {}))
 
 
+@gin.configurable(denylist=["algorithm", "optimizer_config", "amp", "dist", "device"])
 class Learner:
     """Turns an algorithm's losses into parameter updates.
 
     Args:
         algorithm: the algorithm whose ``param_groups()`` are optimized (each group's ``lr`` a number or a
-            ``Scheduler``) and whose ``train_step``/``calc_loss`` give the loss of a batch.
+            ``Scheduler``) and whose ``train_step``/``calc_loss`` give the loss of a batch. Moved to ``device``.
         optimizer_config: the optimizer and clipping settings (``None``: ``OptimizerConfig()`` as gin binds it).
         amp: the mixed-precision policy (``None``: disabled).
         dist: this process's place in a torchrun job (``None``: a single process).
+        device: the training device (``None``: where the algorithm's parameters are). Batches given to ``update``
+            must be there.
+        finite_check_interval: updates between reads of the non-finite-loss flag (each read is one host sync).
+            ``None``: 1 on CPU (a read costs nothing there, and the error comes before the bad update changes
+            anything), 100 elsewhere. A non-finite loss is then reported at most ``finite_check_interval - 1``
+            updates late; a fused optimizer skips such updates on the device, so they change no parameter.
 
     Attributes:
         optimizer: the Adam built by ``optimizer_config.build`` from the algorithm's groups (numeric learning rates).
@@ -56,8 +70,12 @@ class Learner:
     """
 
     def __init__(self, algorithm: Algorithm, optimizer_config: OptimizerConfig | None = None,
-                 amp: AmpPolicy | None = None, dist: DistContext | None = None):
-        self.algorithm = algorithm
+                 amp: AmpPolicy | None = None, dist: DistContext | None = None,
+                 device: Optional[torch.device] = None, finite_check_interval: Optional[int] = None):
+        if device is None:
+            device = next(iter(algorithm.parameters())).device
+        self.device = torch.device(device)
+        self.algorithm = algorithm.to(self.device)  # before the optimizer: its state follows the parameters
         self.optimizer_config = optimizer_config if optimizer_config is not None else OptimizerConfig()
         self.amp = amp if amp is not None else AmpPolicy(False)
         self.dist = dist if dist is not None else DistContext()
@@ -65,8 +83,11 @@ class Learner:
         groups, self.lr_schedules = split_lr_schedules(algorithm.param_groups())
         self.optimizer = self.optimizer_config.build(groups)
         self.params: list[nn.Parameter] = [p for g in self.optimizer.param_groups for p in g["params"]]
-        self.loss_module = wrap_for_ddp(algorithm, self.dist)  # forward = the loss of a batch
+        self.loss_module = wrap_for_ddp(algorithm, self.dist, self.device)  # forward = the loss of a batch
         self.num_updates = 0
+        if finite_check_interval is None:
+            finite_check_interval = 1 if self.device.type == "cpu" else 100
+        self.finite_guard = NonFiniteGuard(finite_check_interval, loss_terms)
         self._last_loss: LossInfo | None = None  # with .loss the detached weighted mean (0-d)
         self._last_grad_norm: torch.Tensor | None = None
 
@@ -91,7 +112,8 @@ class Learner:
         per-sample loss. Returns ``calc_loss``'s LossInfo (per-sample loss, new priorities ``[B]`` if any).
 
         Raises:
-            NonFiniteLossError: the weighted loss is NaN/inf; nothing was changed.
+            NonFiniteLossError: when a read of the guard is due (see ``finite_check_interval``) and this or an
+                earlier update since the last read had a NaN/inf loss; this update changed nothing.
         """
         with self.amp.autocast():
             loss_info = self.loss_module(batch)
@@ -103,7 +125,8 @@ class Learner:
         across ranks, since DDP's backward hooks only fire for losses computed in its forward. Returns ``loss_info``.
 
         Raises:
-            NonFiniteLossError: the weighted loss is NaN/inf; nothing was changed.
+            NonFiniteLossError: when a read of the guard is due (see ``finite_check_interval``) and this or an
+                earlier update since the last read had a NaN/inf loss; this update changed nothing.
         """
         return self._step(loss_info, batch_info, allreduce=True)
 
@@ -111,20 +134,28 @@ class Learner:
         """Weighted mean of the per-sample loss ``[..., B]``, guard, backward, (all-reduce), clip, step."""
         weights = batch_info.importance_weights if batch_info is not None else None
         loss = self._weighted_mean(loss_info.loss, weights)
-        if not torch.isfinite(loss):  # the one host sync of an update: a NaN step would poison every parameter
-            raise NonFiniteLossError(self._non_finite_message(loss, loss_info, weights))
+        skip = self.finite_guard.observe(loss, loss_info, weights, self.num_updates)
+        if (self.num_updates + 1) % self.finite_guard.check_interval == 0:
+            self.check_finite()  # a read due now comes before this update changes anything
         self.optimizer.zero_grad(set_to_none=True)
         self.amp.backward(loss)
         if allreduce:
             allreduce_gradients(self.params, self.dist)
         self.amp.unscale(self.optimizer)
         grad_norm = self.optimizer_config.clip(self.params)
-        self.amp.step(self.optimizer)
+        self.amp.step(self.optimizer, skip)  # a fused optimizer skips a non-finite update on the device
         self.algorithm.after_update()
         self.num_updates += 1
         self._last_loss = loss_info._replace(loss=loss.detach())
         self._last_grad_norm = grad_norm
         return loss_info
+
+    def check_finite(self) -> None:
+        """Raise ``NonFiniteLossError`` if an update since the last check had a non-finite loss, or the AMP error
+        if fp16 skipped too many steps in a row (one host sync). Call before the parameters are saved, published or
+        scored."""
+        self.finite_guard.check()
+        self.amp.check()
 
     def _weighted_mean(self, per_sample: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
         """``mean(per_sample [..., B] * weights [B])`` (weights broadcast over the leading dims), or the plain mean.
@@ -143,27 +174,6 @@ class Learner:
                              f"loss of shape {tuple(per_sample.shape)}: its last dimension must be the batch B")
         return (per_sample * weights.to(per_sample.device, non_blocking=True)).mean()
 
-    def _non_finite_message(self, loss: torch.Tensor, loss_info: LossInfo, weights: torch.Tensor | None) -> str:
-        """One line naming the non-finite loss term(s), all terms, and what to try. "update N": the N-th update
-        counted from 0 (N updates were applied before it); the trainer may add the iteration."""
-        values, bad = {}, []
-        for name, value in loss_terms(loss_info).items():
-            t = torch.as_tensor(value).detach().float().cpu()
-            values[name] = float(t) if t.numel() == 1 else t.tolist()
-            if not bool(torch.isfinite(t).all()):
-                bad.append(f"{name} ({values[name]})")
-        bad_weights = weights is not None and not bool(torch.isfinite(weights).all())
-        parts = [f"loss is {float(loss.detach())} at update {self.num_updates}"]
-        if bad:
-            parts.append("non-finite loss terms: " + ", ".join(bad))
-        elif values:
-            parts.append("non-finite loss terms: none of the named terms"
-                         + ("" if bad_weights else " (the per-sample loss itself is non-finite)"))
-        if bad_weights:
-            parts.append("the importance weights contain NaN/inf")
-        parts.append(f"all terms: {values}")
-        parts.append("lower the learning rates or check the env's rewards/observations for NaN/inf")
-        return "; ".join(parts)
 
     # ---------------------------------------------------------------------------------------------- summaries ----
     @property

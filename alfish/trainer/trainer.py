@@ -108,7 +108,7 @@ class Trainer:
         self._update_schedules()
         sink = self.replay.add if self.replay is not None else None
         self.collector.start(self.algorithm, self.transformer, sink, reseed(self.rank_seed, self.counters.iteration),
-                             self.plan.progress(self.counters))
+                             self.plan.progress(self.counters), before_publish=self.learner.check_finite)
         self.started = True
 
     def _warm_up(self) -> None:
@@ -177,6 +177,7 @@ class Trainer:
 
     # --------------------------------------------------------------------------- summaries, eval, checkpoints ----
     def _write_summaries(self) -> None:
+        self.learner.check_finite()  # reads the device flags: no NaN loss is ever summarized as a number
         c, it = self.counters, self.counters.iteration
         stats = self.collector.stats
         scalars = {**self.learner.summary(), **self.training.summary(), **self.collector.summary(),
@@ -191,12 +192,14 @@ class Trainer:
             self.summaries.scalar("train_vs_env_steps/episode_return", scalars["train/episode_return"], c.env_steps)
 
     def _evaluate(self) -> None:
+        self.learner.check_finite()  # a policy with a non-finite update behind it is not worth scoring
         record_evaluation(self.evaluator, self.algorithm, self.summaries, self.config.root_dir, self.counters)
 
     def save_checkpoint(self) -> Optional[str]:
         """Write a checkpoint (rank 0 only; the ranks hold the same model). Returns its path."""
         if not self.dist.is_main:
             return None
+        self.learner.check_finite()  # never save a model a non-finite update may have touched
         tensors, meta = checkpoint_contents(
             algorithm=self.algorithm, transformer=self.transformer, learner=self.learner, counters=self.counters,
             stats=self.collector.stats, replay=self.replay if self.options.save_replay_buffer else None,
