@@ -24,7 +24,8 @@ from alfish.config.trainer_config import TrainerConfig
 from alfish.envs.batched_env import create_environment, environment_settings
 from alfish.envs.spec import EnvSpec
 from alfish.learn.amp import AmpPolicy
-from alfish.learn.distributed import DistContext, bind_envs_per_rank, broadcast_object, init_distributed, split_total
+from alfish.learn.device import CPU, DevicePolicy
+from alfish.learn.distributed import DistContext, broadcast_object, init_distributed, log_job_totals
 from alfish.learn.learner import Learner
 from alfish.learn.optim import OptimizerConfig
 from alfish.replay.prioritized import PrioritizedSampler
@@ -50,7 +51,9 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None) -
     check_combinations(config, options, _declared_on_policy(config))
     if options.num_threads is not None:
         torch.set_num_threads(options.num_threads)
-    dist = init_distributed()
+    devices = DevicePolicy()
+    device = devices.training_device()
+    dist = init_distributed(device)
     os.makedirs(config.root_dir, exist_ok=True)
     checkpointer = Checkpointer(os.path.join(config.root_dir, "checkpoints"))
     resume_from = checkpointer.load_latest()  # every rank reads the same one
@@ -59,31 +62,30 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None) -
     seed = int(broadcast_object(_choose_seed(config, resume_from), dist))
     rank_seed = seed + RANK_SEED_OFFSET * dist.rank
     seed_everything(rank_seed)
-    if dist.enabled:  # job totals, split across the ranks
-        bind_envs_per_rank(dist)
-    collector = build_collector(config, options, rank_seed)
+    collector = build_collector(config, options, rank_seed, device)
     try:
-        return _assemble(config, options, dist, checkpointer, resume_from, seed, rank_seed, collector)
+        return _assemble(config, options, dist, device, devices, checkpointer, resume_from, seed, rank_seed,
+                         collector)
     except BaseException:
         collector.close()  # the async child, the envs
         raise
 
 
-def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, checkpointer: Checkpointer,
-              resume_from: Optional[LoadedCheckpoint], seed: int, rank_seed: int, collector: Collector) -> Trainer:
+def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, device: torch.device,
+              devices: DevicePolicy, checkpointer: Checkpointer, resume_from: Optional[LoadedCheckpoint], seed: int,
+              rank_seed: int, collector: Collector) -> Trainer:
     spec = collector.spec
     transformer, algorithm = build_policy(config, spec)
     check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
     if options.random_warm_up_actions:
         check_random_actions_storable(algorithm, transformer, spec)
-    total_envs = spec.num_envs * dist.world_size
-    mini_batch_size = config.mini_batch_size
-    if dist.enabled and mini_batch_size is not None:
-        mini_batch_size = split_total(mini_batch_size, dist, "TrainerConfig.mini_batch_size")
-    learner = Learner(algorithm, OptimizerConfig(), AmpPolicy(config.enable_amp), dist)
+    total_envs = spec.num_envs * dist.world_size  # num_parallel_environments and mini_batch_size are per rank
+    log_job_totals(dist, spec.num_envs, config.mini_batch_size)
+    learner = Learner(algorithm, OptimizerConfig(), AmpPolicy(config.enable_amp, device.type), dist, device)
+    transformer.to(device)  # normalizer statistics are used in training, on the device
     replay = None if algorithm.on_policy else build_replay_buffer(config, spec, transformer)
     training = build_training_step(config, collector, learner, algorithm, replay, transformer, total_envs,
-                                   mini_batch_size)
+                                   config.mini_batch_size)
     plan = RunPlan(config, total_envs)
     summaries = NullSummaries()  # rank 0 alone writes files
     if dist.is_main:
@@ -124,16 +126,18 @@ def _declared_on_policy(config: TrainerConfig) -> Optional[bool]:
     return None
 
 
-def build_collector(config: TrainerConfig, options: RunOptions, rank_seed: int) -> Collector:
-    """The owner of the training envs: in a child process with ``async_unroll``, else here."""
+def build_collector(config: TrainerConfig, options: RunOptions, rank_seed: int,
+                    device: torch.device = CPU) -> Collector:
+    """The owner of the training envs: in a child process with ``async_unroll`` (acting on
+    ``DevicePolicy.rollout_device``), else here (acting on the training ``device``)."""
     if config.async_unroll:
         # The settings are read here (so the operative config records them); the child builds the envs from them.
         spec = UnrollSpec(env_settings=environment_settings(seed=rank_seed), config_text=gin.config_str(),
                           root_dir=config.root_dir, step_interval_s=config.unroll_step_interval,
                           parent_pid=os.getpid())
         return AsyncCollector(spec, config.unroll_queue_size, config.max_unroll_length,
-                              config.unroll_parameter_update_period)
-    return SyncCollector(create_environment(seed=rank_seed), options.random_warm_up_actions)
+                              config.unroll_parameter_update_period, device=device)
+    return SyncCollector(create_environment(seed=rank_seed), options.random_warm_up_actions, device)
 
 
 def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataTransformer) -> ReplayBuffer:
