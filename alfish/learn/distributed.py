@@ -5,6 +5,25 @@ process group from them (``env://``), so multi-node works as torchrun does. Each
 rank) and its own replay buffer; gradients are averaged across ranks once per update, so all ranks keep identical
 parameters. As in ALF, ``num_parallel_environments`` and ``mini_batch_size`` are per rank, while ``num_env_steps`` and
 ``initial_collect_steps`` count env steps over the whole job.
+
+Two kinds of traffic cross the ranks:
+
+- training traffic, on the training device: gradients (DDP's all-reduce, ``allreduce_gradients``) and the normalizer
+  statistics (``merge_statistics_across_ranks``);
+- control traffic, small CPU tensors and pickled objects: the stop/checkpoint flags (``any_rank``, every iteration),
+  ``broadcast_object``, the parameter checksums (``check_parameters_equal``, gathered on the CPU because the
+  comparison reads them there anyway) and the barrier in ``shutdown``.
+
+NCCL refuses CPU tensors, so a CUDA job joins one default group with two backends, ``'cpu:gloo,cuda:nccl'``: torch
+routes each collective by the device of its tensors (CPU -> gloo, CUDA -> NCCL), object collectives and the barrier
+go through gloo, and both share the group's timeout. This was chosen over a second, gloo-only group for the control
+traffic because nothing here has to pass a group around and the default group serves both kinds. The NCCL
+communicator is *not* bound eagerly (no ``device_id`` in ``init_process_group``): ``init_distributed`` first checks
+over gloo that no two ranks of a node train on the same GPU (NCCL cannot share one; its own failure is a hang or a
+multi-line "Duplicate GPU" error), then the communicator forms at the first CUDA collective (DDP's initial
+broadcast, a moment later in ``build_trainer``). ``init_distributed.backend = 'gloo'`` keeps everything on gloo, which
+also handles CUDA tensors for the collectives used here (all-reduce, broadcast, all-gather): the way to let several
+ranks share one GPU.
 """
 from __future__ import annotations
 
@@ -12,6 +31,7 @@ import dataclasses
 import datetime
 import logging
 import os
+import socket
 from collections.abc import Sequence
 
 import gin
@@ -20,7 +40,9 @@ import torch.distributed as dist
 from torch import nn
 
 from alfish.data.types import Experience, LossInfo
+from alfish.errors import OneLineValueError
 from alfish.learn.device import CPU
+from alfish.transforms.normalizers import RunningMeanStd
 
 logger = logging.getLogger(__name__)
 
@@ -44,29 +66,76 @@ class DistContext:
         return self.world_size > 1
 
 
+BACKENDS = ("gloo", "nccl")
+# NCCL for the training tensors on CUDA, gloo for the control traffic on the CPU (see the module docstring).
+NCCL_WITH_CPU_CONTROL = "cpu:gloo,cuda:nccl"
+
+
 @gin.configurable(denylist=["device"])
 def init_distributed(device: torch.device = CPU, backend: str | None = None,
                      timeout_s: float = 30.0) -> DistContext:
     """Join the torchrun job described by the environment, or return a single-process context.
 
     device: this rank's training device (``DevicePolicy.training_device``).
-    backend: ``None`` chooses nccl for a CUDA device, else gloo; ``'gloo'`` or ``'nccl'`` override.
+    backend: ``None`` chooses nccl for a CUDA device, else gloo; ``'gloo'`` or ``'nccl'`` override. ``'nccl'`` means
+    NCCL for CUDA tensors and gloo for the CPU control traffic (``'cpu:gloo,cuda:nccl'``); ``'gloo'`` on CUDA lets
+    several ranks share a GPU.
     timeout_s: how long a collective may wait for the other ranks before it fails (a dead or hung rank must end the
     job quickly, not after torch's default of 30 minutes).
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return DistContext()
-    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"init_distributed.backend='{backend}' must be 'gloo', 'nccl' or None (automatic)")
+    backend = choose_backend(device, backend)
     rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, init_method="env://", rank=rank, world_size=world_size,
+        dist.init_process_group(backend=NCCL_WITH_CPU_CONTROL if backend == "nccl" else backend,
+                                init_method="env://", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    logger.info("distributed: rank %d of %d (local rank %d), backend %s, collective timeout %.0f s", rank,
-                 world_size, local_rank, backend, timeout_s)
-    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)
+    ctx = DistContext(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)
+    if backend == "nccl":
+        check_one_rank_per_gpu(device, ctx)  # over gloo, before NCCL is touched
+    logger.info("distributed: rank %d of %d (local rank %d) on %s, backend %s, collective timeout %.0f s", rank,
+                world_size, local_rank, device, backend, timeout_s)
+    return ctx
+
+
+def choose_backend(device: torch.device, backend: str | None) -> str:
+    """``'gloo'`` or ``'nccl'`` for a rank training on ``device`` (``backend``: the user's override or None)."""
+    if backend is None:
+        return "nccl" if device.type == "cuda" else "gloo"
+    if backend not in BACKENDS:
+        raise OneLineValueError(f"init_distributed.backend='{backend}' must be 'gloo', 'nccl' or None (automatic)")
+    if backend == "nccl" and device.type != "cuda":
+        raise OneLineValueError(f"init_distributed.backend='nccl' needs a CUDA training device but this rank trains "
+                                f"on {device}; use 'gloo' (or None) or set DevicePolicy.device = 'cuda'")
+    return backend
+
+
+def device_identity(device: torch.device) -> str:
+    """``host/GPU-uuid`` (the physical GPU, whatever ``CUDA_VISIBLE_DEVICES`` each rank was given)."""
+    try:
+        gpu = str(torch.cuda.get_device_properties(device).uuid)
+    except (AttributeError, RuntimeError):  # an older driver or build without uuids: the visible index
+        gpu = str(device)
+    return f"{socket.gethostname()}/{gpu}"
+
+
+def check_one_rank_per_gpu(device: torch.device, ctx: DistContext) -> None:
+    """A one-line error on every rank when two ranks train on the same GPU with NCCL (which cannot share one).
+
+    One small all-gather of ``host/GPU`` strings over gloo, at start only."""
+    identities: list = [None] * ctx.world_size
+    dist.all_gather_object(identities, (device_identity(device), str(device)))
+    first_rank: dict[str, int] = {}
+    for rank, (identity, name) in enumerate(identities):
+        if identity in first_rank:
+            host = identity.split("/")[0]
+            raise OneLineValueError(
+                f"ranks {first_rank[identity]} and {rank} both train on {name} of host {host}, but NCCL needs one "
+                f"GPU per rank ({torch.cuda.device_count()} visible here); set init_distributed.backend = 'gloo' to "
+                "share GPUs, or start fewer processes per node (--nproc_per_node)")
+        first_rank[identity] = rank
 
 
 def log_job_totals(ctx: DistContext, envs_per_rank: int, mini_batch_size: int | None) -> None:
@@ -108,7 +177,8 @@ def wrap_for_ddp(algorithm: nn.Module, ctx: DistContext, device: torch.device = 
 
 def allreduce_gradients(params: Sequence[torch.Tensor], ctx: DistContext) -> None:
     """Average the gradients of ``params`` over the ranks (for the on-policy path, whose loss is built during the
-    unroll rather than in a DDP forward). One flattened all-reduce."""
+    unroll rather than in a DDP forward). One flattened all-reduce on the parameters' device (NCCL on CUDA, or gloo,
+    which handles CUDA tensors too)."""
     if not ctx.enabled:
         return
     grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
@@ -122,15 +192,24 @@ def allreduce_gradients(params: Sequence[torch.Tensor], ctx: DistContext) -> Non
         offset += n
 
 
-def check_parameters_equal(module: nn.Module, ctx: DistContext) -> None:
-    """Compare per-parameter checksums across ranks; a mismatch is an error naming the first differing parameter."""
-    if not ctx.enabled:
-        return
+def parameter_checksums(module: nn.Module) -> tuple[list[str], torch.Tensor]:
+    """``(names, checksums [P] float64 on the CPU)``: one number per parameter (sum plus 1e-3 x sum of absolute
+    values, in float64 on the parameters' device), copied to the host once."""
     names, sums = [], []
     for name, p in module.named_parameters():
         names.append(name)
         sums.append(p.detach().double().sum() + p.detach().double().abs().sum() * 1e-3)
-    local = torch.stack(sums)
+    return names, torch.stack(sums).cpu()
+
+
+def check_parameters_equal(module: nn.Module, ctx: DistContext) -> None:
+    """Compare per-parameter checksums across ranks; a mismatch is an error naming the first differing parameter.
+
+    The checksums are computed on the training device and gathered on the CPU (control traffic, gloo): the comparison
+    reads them on the host anyway, and every ``ddp_paras_check_interval`` iterations is rare enough for that sync."""
+    if not ctx.enabled:
+        return
+    names, local = parameter_checksums(module)
     gathered = [torch.zeros_like(local) for _ in range(ctx.world_size)]
     dist.all_gather(gathered, local)
     for other_rank, other in enumerate(gathered):
@@ -141,6 +220,40 @@ def check_parameters_equal(module: nn.Module, ctx: DistContext) -> None:
                                f"{other_rank} (checksums {float(gathered[0][differs[0]])} vs "
                                f"{float(other[differs[0]])}); were the ranks built from different confs, or did "
                                "something update parameters outside the optimizer?")
+
+
+def merge_statistics_across_ranks(module: nn.Module, ctx: DistContext) -> None:
+    """Give every rank the same normalizer statistics: those of one process that saw every rank's data.
+
+    Each ``RunningMeanStd`` in ``module`` (e.g. the data transformers) keeps the statistics of the values its rank saw
+    since the last merge (count, mean, M2); one all-gather of all of them, flattened (``world_size x sum(1 + 2 x
+    values per statistic)`` float64 on the statistics' device), and every rank folds the deltas into the last merged
+    statistics in rank order (Chan et al.'s parallel update), so the ranks end bit-identical.
+
+    Cadence: once per training iteration, on every rank, right after the iteration's collection and before its
+    training step (then a training step normalizes every rank's batches with the same statistics). The cost is one
+    small collective (a few hundred bytes for a 10-dim observation) and a few tiny ops per statistic, with no host sync
+    on CUDA. No-op in a single process (the statistics are exactly the plain running ones) and when ``module`` holds no
+    statistics (every rank builds the same transformers, so every rank skips alike).
+    """
+    if not ctx.enabled:
+        return
+    stats = [m for m in module.modules() if isinstance(m, RunningMeanStd)]
+    if not stats:
+        return
+    untracked = [name or "RunningMeanStd" for name, m in module.named_modules()
+                 if isinstance(m, RunningMeanStd) and not m.tracks_rank_deltas]
+    if untracked:
+        raise RuntimeError(f"normalizer statistics {untracked} were built before init_distributed, so they do not "
+                           "keep per-rank deltas; build the data transformers after joining the process group")
+    local = torch.cat([s.delta_vector() for s in stats])
+    gathered = [torch.empty_like(local) for _ in range(ctx.world_size)]
+    dist.all_gather(gathered, local)
+    offset = 0
+    for s in stats:
+        size = 1 + 2 * s.mean.numel()  # delta_vector's layout
+        s.fold_rank_deltas([g[offset:offset + size] for g in gathered])
+        offset += size
 
 
 def any_rank(flags: Sequence[bool], ctx: DistContext) -> list[bool]:

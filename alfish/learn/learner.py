@@ -18,8 +18,9 @@ Two entry points, one shared step:
 """
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager
-from typing import Optional
+from typing import Callable, Optional
 
 import gin
 import torch
@@ -27,7 +28,7 @@ from torch import nn
 
 from alfish.algorithms.base import Algorithm
 from alfish.data.types import BatchInfo, Experience, LossInfo
-from alfish.errors import NonFiniteLossError
+from alfish.errors import NonFiniteLossError, OneLineValueError
 from alfish.learn.amp import AmpPolicy
 from alfish.learn.distributed import DistContext, allreduce_gradients, wrap_for_ddp
 from alfish.learn.finite_guard import NonFiniteGuard
@@ -59,6 +60,11 @@ class Learner:
             ``None``: 1 on CPU (a read costs nothing there, and the error comes before the bad update changes
             anything), 100 elsewhere. A non-finite loss is then reported at most ``finite_check_interval - 1``
             updates late; a fused optimizer skips such updates on the device, so they change no parameter.
+        compile_mode: ``None`` (eager) or a ``torch.compile`` mode (``'default'``, ``'reduce-overhead'`` = CUDA graphs
+            on a GPU, ``'max-autotune'``, ...) for the loss module: the forward (``train_step`` + ``calc_loss``) and,
+            through AOTAutograd, its backward. The optimizer step stays eager (the fused Adam is one kernel) and
+            reads the learning rates as numbers, so a scheduled change recompiles nothing. If compilation fails the
+            update runs eagerly after a one-line warning.
 
     Attributes:
         optimizer: the Adam built by ``optimizer_config.build`` from the algorithm's groups (numeric learning rates).
@@ -71,7 +77,8 @@ class Learner:
 
     def __init__(self, algorithm: Algorithm, optimizer_config: OptimizerConfig | None = None,
                  amp: AmpPolicy | None = None, dist: DistContext | None = None,
-                 device: Optional[torch.device] = None, finite_check_interval: Optional[int] = None):
+                 device: Optional[torch.device] = None, finite_check_interval: Optional[int] = None,
+                 compile_mode: Optional[str] = None):
         if device is None:
             device = next(iter(algorithm.parameters())).device
         self.device = torch.device(device)
@@ -84,6 +91,7 @@ class Learner:
         self.optimizer = self.optimizer_config.build(groups)
         self.params: list[nn.Parameter] = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.loss_module = wrap_for_ddp(algorithm, self.dist, self.device)  # forward = the loss of a batch
+        self._compute_loss = self.loss_module if compile_mode is None else CompiledLoss(self.loss_module, compile_mode)
         self.num_updates = 0
         if finite_check_interval is None:
             finite_check_interval = 1 if self.device.type == "cpu" else 100
@@ -116,7 +124,7 @@ class Learner:
                 earlier update since the last read had a NaN/inf loss; this update changed nothing.
         """
         with self.amp.autocast():
-            loss_info = self.loss_module(batch)
+            loss_info = self._compute_loss(batch)
         return self._step(loss_info, batch_info, allreduce=False)
 
     def apply(self, loss_info: LossInfo, batch_info: BatchInfo | None = None) -> LossInfo:
@@ -172,7 +180,9 @@ class Learner:
         if weights.dim() != 1 or per_sample.shape[-1] != weights.shape[0]:
             raise ValueError(f"importance weights of shape {tuple(weights.shape)} do not fit {name}'s per-sample "
                              f"loss of shape {tuple(per_sample.shape)}: its last dimension must be the batch B")
-        return (per_sample * weights.to(per_sample.device, non_blocking=True)).mean()
+        if weights.device != per_sample.device:  # the replay's stager normally delivered them on the device
+            weights = weights.to(per_sample.device, non_blocking=True)
+        return (per_sample * weights).mean()
 
 
     # ---------------------------------------------------------------------------------------------- summaries ----
@@ -210,3 +220,27 @@ class Learner:
         if "amp" in state:
             self.amp.load_state_dict(state["amp"])
         self.num_updates = int(state.get("num_updates", 0))
+
+
+class CompiledLoss:
+    """``torch.compile(loss_module, mode=mode)``, falling back to the eager module (once, with a warning) when
+    compilation fails: a run must not die of an optimization."""
+
+    def __init__(self, loss_module: nn.Module, mode: str, backend: str | Callable = "inductor"):
+        self.eager, self.mode = loss_module, mode
+        try:
+            self.compiled: Optional[nn.Module] = torch.compile(loss_module, mode=None if mode == "default" else mode,
+                                                               backend=backend)
+        except RuntimeError as err:  # an unknown mode: a conf error, not a compiler failure
+            raise OneLineValueError(f"Learner.compile_mode='{mode}': {str(err).splitlines()[0]} (or None: eager)"
+                                    ) from None
+
+    def __call__(self, batch: Experience) -> LossInfo:
+        if self.compiled is not None:
+            try:
+                return self.compiled(batch)
+            except Exception as err:  # noqa: BLE001  (any compiler failure: train eagerly instead)
+                logging.warning("Learner.compile_mode='%s': torch.compile failed (%s: %s); training eagerly",
+                                self.mode, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
+                self.compiled = None
+        return self.eager(batch)

@@ -11,7 +11,9 @@ none of them:
         learner.update(batch, batch_info)
     assert syncs.calls == [], syncs.report()
 
-``torch.cuda.set_sync_debug_mode('error')`` is the GPU's own check of the same thing (tests marked ``cuda``).
+Not counted: ``.to('cpu')``. On the CPU it cannot be told from a move to a training device that happens to be the CPU
+(``x.to(self.device)``); the meta-device update test catches a copy to the host (a meta tensor cannot be copied out),
+and ``torch.cuda.set_sync_debug_mode('error')`` is the GPU's own check of all of it (tests marked ``cuda``).
 """
 from __future__ import annotations
 
@@ -23,10 +25,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 #: Tensor methods that read values on the host (a device sync when the tensor is on a GPU).
+#: (``__index__``: ``range(t)``, ``list[t]``; ``equal``/``allclose``/``is_nonzero`` answer with a Python bool.)
 READS = frozenset({"item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__", "__format__",
-                   "__repr__"})
+                   "__repr__", "equal", "allclose", "is_nonzero"})
 #: Ops whose output shape depends on the data (the host must learn the shape).
-DATA_DEPENDENT = frozenset({"nonzero", "masked_select", "unique", "argwhere", "nonzero_static"})
+DATA_DEPENDENT = frozenset({"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive",
+                            "repeat_interleave"})
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _THIS_FILE = os.path.abspath(__file__)
 
@@ -35,47 +39,39 @@ def _name(func: Callable) -> str:
     return getattr(func, "__name__", str(func))
 
 
-def _to_host(args: tuple, kwargs: dict) -> bool:
-    """Whether a ``Tensor.to(...)`` call targets the CPU (from a GPU tensor: a sync)."""
-    targets = list(args[1:]) + [kwargs.get("device")]
-    return any(isinstance(t, (str, torch.device)) and torch.device(t).type == "cpu" for t in targets)
-
-
 def _bool_mask(args: tuple) -> bool:
-    """Whether ``Tensor.__getitem__`` is indexed with a boolean tensor (a data-dependent shape)."""
+    """Whether ``Tensor.__getitem__``/``__setitem__`` is indexed with a boolean tensor (a data-dependent shape)."""
     index = args[1] if len(args) > 1 else None
     parts = index if isinstance(index, tuple) else (index,)
     return any(isinstance(p, torch.Tensor) and p.dtype == torch.bool for p in parts)
 
 
 class SyncCounter(TorchFunctionMode):
-    """Records each call that would synchronize with a GPU, as ``(name, 'file:line')``, in ``calls``."""
+    """Records each call that would synchronize with a GPU: its name in ``calls`` (``'__getitem__[bool mask]'`` for
+    mask indexing) and ``'file:line'`` of the code that made it in ``sites``."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls: list[tuple[str, str]] = []
+        self.calls: list[str] = []
+        self.sites: list[str] = []
 
     def __torch_function__(self, func: Callable, types: Any, args: tuple = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         name = _name(func)
-        if (name in READS or name in DATA_DEPENDENT or (name == "to" and _to_host(args, kwargs) and not _from_torch())
-                or (name == "__getitem__" and _bool_mask(args))):
-            self.calls.append((name, _caller()))
+        if name in ("__getitem__", "__setitem__") and _bool_mask(args):
+            name = f"{name}[bool mask]"
+        if name in READS or name in DATA_DEPENDENT or name.endswith("[bool mask]"):
+            self.calls.append(name)
+            self.sites.append(_caller())
         return func(*args, **kwargs)
 
     def report(self) -> str:
-        """The calls, one per line, most frequent first."""
+        """The calls, one line per kind and site, most frequent first."""
         counts: dict[tuple[str, str], int] = {}
-        for call in self.calls:
+        for call in zip(self.calls, self.sites):
             counts[call] = counts.get(call, 0) + 1
         return "\n".join(f"{n} x {name} at {where}" for (name, where), n in
                          sorted(counts.items(), key=lambda kv: -kv[1]))
-
-
-def _from_torch() -> bool:
-    """Whether torch itself made the call (e.g. a fused optimizer's ``lr.to(param.device)``: a copy to the
-    parameters' device, which is the CPU only when training is)."""
-    return os.path.abspath(sys._getframe(2).f_code.co_filename).startswith(_TORCH_DIR)
 
 
 def _caller() -> str:

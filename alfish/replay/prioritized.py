@@ -37,6 +37,20 @@ divide by the max weight over all drawable starts, ``(N * p_min / total) ** -bet
 Memory, per slot (``num_envs * capacity`` slots rounded up to ``P``, a power of two, for the trees): the sum tree keeps
 2 float64 nodes per leaf (16 B), the min tree (only with ``max_over="buffer"``) 2 float32 (8 B), and the assigned
 priorities 1 float32 (4 B): 20 to 28 B per slot, e.g. 21 MB (29 MB) for 1M slots.
+
+Devices and host syncs. The ring's counters are CPU tensors; the trees and the assigned priorities live on
+``device``. In the steady state ``sample`` and ``update_priorities`` never read a tensor back to the host: "enough
+steps stored?" is the ring's ``holds_sequence`` (Python ints), the draws come from a CPU generator and travel to the
+device (and the counters with them) in non-blocking copies, the "last write wins" of duplicate starts and the skipping
+of starts overwritten since they were sampled are masks (no ``nonzero``), and priorities are not validated on the host
+(``validate``). Which placement to use:
+
+* trees on the host (``device='cpu'``, the default) fit every storage location: indices are drawn and returned on
+  the host, as the transformers that read the buffer at sample time (frame stacking, hindsight) need. Priorities
+  computed on a CUDA device are copied back without waiting and applied one update late (``update_priorities``).
+* trees on the device fit a storage on that device: indices come out on the device and nothing crosses to the host.
+  Transformers that read the buffer at sample time need host indices: use host trees with them. (With a host
+  storage the gather would read the device indices back: a sync per sample.)
 """
 from __future__ import annotations
 
@@ -46,9 +60,11 @@ from collections.abc import Callable
 import torch
 
 from alfish.data.types import BatchInfo
+from alfish.replay.deferred_priorities import DeferredPriorities
 from alfish.replay.ring_buffer import RingBuffer
 from alfish.replay.samplers import Sampler, check_length, too_few_steps
-from alfish.replay.segment_tree import MinTree, SumTree, last_write_wins
+from alfish.replay.segment_tree import MinTree, SumTree
+from alfish.replay.transfer import canonical_device, host_to_device
 
 Schedule = float | Callable[[], float]  # a number, or a schedule (alfish.schedulers) called for its value
 
@@ -72,15 +88,19 @@ class PrioritizedSampler(Sampler):
         max_over: ``"batch"`` (ALF's ``normalize_importance_weights_by_max``) or ``"buffer"`` (Schaul et al.: the max
             over all drawable starts; keeps a ``MinTree``).
         initial_priority: lower bound of the priority given to new starts (stored scale).
-        device: of the trees and the weights. The returned indices stay on the CPU, like the ring's counters.
+        device: of the trees, the weights and (for a device other than the CPU) the returned indices; see the module
+            docstring for which placement fits which storage.
         generator: a CPU generator for the draws (public attribute ``generator``, so it can be reseeded); ``None``
             uses torch's global generator.
+        validate: check every priority update on the host and raise on a priority that is not finite and >= 0 (a
+            host sync per update: for debugging). Off, such priorities are replaced by 0 (stored ``eps ** alpha``)
+            and counted in ``invalid_priorities`` (a tensor, read when a summary is due).
     """
 
     def __init__(self, num_envs: int, capacity: int, sequence_length: int = 1, alpha: Schedule = 0.7,
                  beta: Schedule = 0.4, eps: float = 1e-6, normalize_by_max: bool = False, max_over: str = "batch",
                  initial_priority: float = 1.0, device: str | torch.device = "cpu",
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, validate: bool = False):
         if not 1 <= sequence_length <= capacity:
             raise ValueError(f"sequence_length must lie in [1, capacity={capacity}], got {sequence_length}")
         if max_over not in ("batch", "buffer"):
@@ -93,39 +113,60 @@ class PrioritizedSampler(Sampler):
         self.eps = eps
         self.normalize_by_max = normalize_by_max
         self.max_over = max_over
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self.generator = generator
+        self.validate = validate
+        # With eps > 0 and a positive initial priority every drawable start has a positive priority, so the total is
+        # positive whenever a start is drawable; otherwise sample checks it (a host sync).
+        self._may_total_zero = eps <= 0 or initial_priority <= 0
         size = num_envs * capacity
         self._sum = SumTree(size, device=self.device)
         self._min = MinTree(size, device=self.device) if normalize_by_max and max_over == "buffer" else None
         self._assigned = torch.zeros(size, dtype=torch.float32, device=self.device)
         self._max_priority = torch.tensor(float(initial_priority), dtype=torch.float32, device=self.device)
         self._dirty: list[torch.Tensor] = []  # CPU leaves whose tree values await a refresh (from on_add)
+        self._deferred = DeferredPriorities()  # device priorities on their way to host trees
+        # Priorities seen by updates, and those finite and >= 0 among them (see ``invalid_priorities``).
+        self._num_seen = 0
+        self._num_ok = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._rank_cache = torch.zeros(0, dtype=torch.int64, device=self.device)
 
     # ----------------------------------------------------------------------------------------------- bookkeeping --
     def _leaves(self, env_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return env_ids * self.capacity + torch.remainder(positions, self.capacity)
 
+    def _counters(self, storage: RingBuffer) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ring's ``write_count`` and ``oldest_index`` ``[num_envs]`` on ``device`` (one non-blocking copy)."""
+        write_count, oldest = storage.write_count(), storage.oldest_index()
+        if self.device.type == "cpu":
+            return write_count, oldest
+        both = host_to_device(torch.stack([write_count, oldest]), self.device)
+        return both[0], both[1]
+
     def _positions(self, leaves: torch.Tensor, write_count: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(env, absolute index of the step written last at the leaf's slot) for CPU ``leaves``, given the ring's
-        ``write_count`` ``[num_envs]``."""
+        """(env, absolute index of the step written last at the leaf's slot) for ``leaves``, given the ring's
+        ``write_count`` ``[num_envs]`` (both on one device)."""
         env_ids = leaves // self.capacity
         last = write_count[env_ids] - 1  # the newest index of the env; its slot is last % capacity
         return env_ids, last - torch.remainder(last - leaves, self.capacity)  # in (last - capacity, last]
 
     def _refresh(self, write_count: torch.Tensor, oldest: torch.Tensor, *leaves: torch.Tensor) -> None:
-        """Apply the rule to CPU ``leaves`` and the dirty ones: assigned priority if drawable, else 0 / +inf.
+        """Apply the rule to ``leaves`` (CPU or ``device``) and the dirty ones: assigned priority if drawable, else
+        0 / +inf.
 
-        ``write_count`` and ``oldest`` ``[num_envs]`` are the ring's now. Duplicates are harmless: every copy of a leaf
-        gets the same value.
+        ``write_count`` and ``oldest`` ``[num_envs]`` are the ring's now, on ``device`` (``_counters``). Duplicates are
+        harmless: every copy of a leaf gets the same value (so their order does not matter either).
         """
         pending, self._dirty = self._dirty + list(leaves), []
         if not pending:
             return
-        leaves = torch.cat(pending) if len(pending) > 1 else pending[0]
+        on_host = [x for x in pending if x.device.type == "cpu"]
+        parts = [x for x in pending if x.device.type != "cpu"]
+        if on_host:  # one copy for all of them (none on a CPU device)
+            parts.append(host_to_device(torch.cat(on_host) if len(on_host) > 1 else on_host[0], self.device))
+        leaves = torch.cat(parts) if len(parts) > 1 else parts[0]
         env_ids, positions = self._positions(leaves, write_count)
         drawable = (positions >= oldest[env_ids]) & (positions <= write_count[env_ids] - self.sequence_length)
-        leaves, drawable = leaves.to(self.device), drawable.to(self.device)
         values = self._assigned[leaves]
         self._sum.update(leaves, torch.where(drawable, values, 0.0), validate=False)
         if self._min is not None:
@@ -145,8 +186,8 @@ class PrioritizedSampler(Sampler):
                              f"the storage holds {storage.num_envs} x {storage.capacity}")
         if storage.total_stored() > 0:
             all_leaves = torch.arange(self.num_envs * self.capacity)
-            self._assigned.fill_(float(self._max_priority))
-            self._refresh(storage.write_count(), storage.oldest_index(), all_leaves)
+            self._assigned.fill_(self._max_priority)
+            self._refresh(*self._counters(storage), all_leaves)
 
     def on_add(self, storage: RingBuffer, env_ids: torch.Tensor, write_counts_before: torch.Tensor) -> None:
         """``storage.add`` wrote one step to each of ``env_ids`` ``[B]`` (unique) at the absolute indices
@@ -155,12 +196,12 @@ class PrioritizedSampler(Sampler):
         env = env_ids.to("cpu", torch.int64)
         w = write_counts_before.to("cpu", torch.int64)
         new = self._leaves(env, w)
-        self._assigned[new.to(self.device)] = self._max_priority
+        self._assigned[host_to_device(new, self.device)] = self._max_priority
         self._dirty.append(new)
         if self.sequence_length > 1:  # the start that now ends at the newest step (a negative one is no start)
             self._dirty.append(self._leaves(env, w - (self.sequence_length - 1)))
         if len(self._dirty) >= 512:  # a long collection without sampling: keep the backlog bounded
-            self._refresh(storage.write_count(), storage.oldest_index())
+            self._refresh(*self._counters(storage))
 
     def on_clear(self, storage: RingBuffer, oldest_before: torch.Tensor) -> None:
         """``storage.clear`` moved the oldest indices from ``oldest_before`` ``[num_envs]``: the starts it made
@@ -175,7 +216,7 @@ class PrioritizedSampler(Sampler):
             return
         env = torch.repeat_interleave(torch.arange(self.num_envs), counts)
         first = torch.repeat_interleave(oldest_before - (torch.cumsum(counts, 0) - counts), counts)
-        self._refresh(write_count, oldest, self._leaves(env, first + torch.arange(total)))
+        self._refresh(*self._counters(storage), self._leaves(env, first + torch.arange(total)))
 
     # ------------------------------------------------------------------------------------------------- sampling --
     def sample(self, storage: RingBuffer, batch_size: int, length: int) -> BatchInfo:
@@ -184,29 +225,35 @@ class PrioritizedSampler(Sampler):
         Stratified: ``[0, total)`` is split into ``batch_size`` equal segments and one uniform target is drawn in each
         (ALF's sampling without replacement).
 
-        Returns ``BatchInfo``: ``env_ids``, ``positions`` int64 ``[batch_size]`` (CPU), absolute start indices as
-        ``RingBuffer.gather`` expects; ``importance_weights`` float32 ``[batch_size]`` (see the module docstring).
+        Priority updates still in flight from the device (see ``update_priorities``) that were queued before the
+        previous sample are applied first. No host sync once enough steps are stored (see the module docstring).
+
+        Returns ``BatchInfo``: ``env_ids``, ``positions`` int64 ``[batch_size]`` (on ``device``: the CPU for host
+        trees), absolute start indices as ``RingBuffer.gather`` expects; ``importance_weights`` float32
+        ``[batch_size]`` on ``device`` (see the module docstring).
         """
         check_length(length)
         if length != self.sequence_length:
             raise ValueError(f"this prioritized sampler draws sequences of sequence_length={self.sequence_length} "
                              f"(fixed at construction), asked for length={length}")
-        write_count, oldest = storage.write_count(), storage.oldest_index()
+        for batch_info, priorities in self._deferred.take_ready():
+            self._apply(storage, batch_info, priorities)
+        write_count, oldest = self._counters(storage)
         self._refresh(write_count, oldest)
-        n = self._num_drawable(write_count, oldest)
-        if int(n) == 0:
-            raise too_few_steps(write_count - oldest, length)
+        if not storage.holds_sequence(length):  # Python ints once enough is stored: no tensor is read
+            raise too_few_steps(storage.num_stored(), length)
         total = self._sum.total()
-        if not bool(total > 0):
+        if self._may_total_zero and not bool(total > 0):  # (a sync, only with eps = 0 or initial_priority = 0)
             raise RuntimeError("every drawable start has priority 0 (eps=0 and zero priorities): nothing to sample")
-        u = torch.rand(batch_size, generator=self.generator, dtype=torch.float64).to(self.device)
+        n = self._num_drawable(write_count, oldest)
+        u = host_to_device(torch.rand(batch_size, generator=self.generator, dtype=torch.float64), self.device)
         targets = (torch.arange(batch_size, dtype=torch.float64, device=self.device) + u) * (total / batch_size)
         leaves = self._sum.find_prefix_sum(targets)
         p = self._sum.get(leaves)
-        env_ids, positions = self._positions(leaves.cpu(), write_count)
+        env_ids, positions = self._positions(leaves, write_count)
 
         beta = _value(self.beta)
-        weights = (n.to(self.device) * p / total).pow(-beta)
+        weights = (n * p / total).pow(-beta)
         if self.normalize_by_max:
             if self.max_over == "batch":
                 weights = weights / weights.max()
@@ -220,37 +267,80 @@ class PrioritizedSampler(Sampler):
 
         Stored: ``(priority + eps) ** alpha``; the max stored priority (given to new starts) is updated. Starts that
         were overwritten or cleared since they were sampled (``position < oldest index`` of their env, read from
-        ``storage`` now) are ignored, so a slow update never gives an old priority to a new step. Duplicate starts:
-        the last one wins. Priorities must be finite and >= 0 (checked on CPU).
+        ``storage`` when the update is applied) are ignored, so a slow update never gives an old priority to a new
+        step. Duplicate starts: the last one wins. A priority that is not finite and >= 0 is replaced by 0 and
+        counted in ``invalid_priorities`` (or, with ``validate=True``, raises ``ValueError`` here: a host sync).
+
+        When: at once, except for priorities on a CUDA device with trees on the host: those are copied to pinned host
+        memory without waiting and applied by the second next ``sample`` (``DeferredPriorities``), so sampling
+        overlaps the device's update and priorities land one update late. ``ReplayBuffer.state_dict`` applies
+        whatever is still queued (``flush``).
         """
-        env = batch_info.env_ids.to("cpu", torch.int64).reshape(-1)
-        pos = batch_info.positions.to("cpu", torch.int64).reshape(-1)
-        if priorities.numel() != env.numel():
-            raise ValueError(f"update_priorities got {priorities.numel()} priorities for {env.numel()} sampled "
+        num = batch_info.env_ids.numel()
+        if priorities.numel() != num:
+            raise ValueError(f"update_priorities got {priorities.numel()} priorities for {num} sampled "
                              "sequences; give one per sequence ([B])")
-        write_count, oldest = storage.write_count(), storage.oldest_index()
-        valid = (pos >= oldest[env]) & (pos < write_count[env])
-        keep = valid.nonzero().squeeze(1)
-        if keep.numel() == 0:
-            return
-        if keep.numel() < env.numel():
-            env, pos = env[keep], pos[keep]
-        # Resolve duplicates on the CPU: for each distinct leaf (sorted), the entry of its last occurrence.
-        leaves, keep = last_write_wins(self._leaves(env, pos), keep)
-        priorities = priorities.detach().reshape(-1).to(device=self.device, dtype=torch.float32)
-        if self.device.type == "cpu":
-            low, high = (float(x) for x in torch.aminmax(priorities))
+        priorities = priorities.detach().reshape(-1)
+        if self.validate:
+            low, high = (float(x) for x in torch.aminmax(priorities.float()))
             if not (low >= 0 and high < math.inf):  # (NaN fails both)
                 raise ValueError(f"priorities must be finite and non-negative, got {priorities.tolist()}")
-        stored = (priorities[keep.to(self.device)] + self.eps).pow(_value(self.alpha))
-        self._assigned.index_copy_(0, leaves.to(self.device), stored)  # copies of a leaf carry the same value
+        if priorities.device.type == "cuda" and self.device.type == "cpu":
+            self._deferred.push(batch_info, priorities)
+            return
+        self._apply(storage, batch_info, priorities)
+
+    def _apply(self, storage: RingBuffer, batch_info: BatchInfo, priorities: torch.Tensor) -> None:
+        """``update_priorities`` now, without a host sync: validity and "last write wins" are masks, so every entry
+        is written (an ignored one writes back the priority its leaf already has)."""
+        num = priorities.numel()
+        if num == 0:
+            return
+        write_count, oldest = self._counters(storage)
+        env = host_to_device(batch_info.env_ids.reshape(-1), self.device).to(torch.int64)
+        pos = host_to_device(batch_info.positions.reshape(-1), self.device).to(torch.int64)
+        priorities = host_to_device(priorities, self.device).to(torch.float32)
+        ok = (priorities >= 0) & (priorities < math.inf)  # (NaN fails both)
+        self._num_ok += ok.sum()
+        self._num_seen += num
+        priorities = torch.where(ok, priorities, 0.0)
+        valid = (pos >= oldest[env]) & (pos < write_count[env])  # still in the ring
+        # For each distinct leaf, its last valid entry wins: sort by (leaf, rank), rank = entry number + 1 if valid,
+        # else 0; the last entry of a leaf's run then has the highest rank.
+        leaves = self._leaves(env, pos)
+        order = torch.argsort(torch.add(torch.where(valid, self._ranks(num), 0), leaves, alpha=num + 1))
+        leaves = leaves[order]  # sorted, duplicates adjacent
+        winner = order[torch.searchsorted(leaves, leaves, right=True) - 1]  # [B]: the entry each leaf takes
+        stored = (priorities[winner] + self.eps).pow(_value(self.alpha))
+        values = torch.where(valid[winner], stored, self._assigned[leaves])  # no valid entry: keep the priority
+        self._assigned.index_copy_(0, leaves, values)
         self._refresh(write_count, oldest, leaves)
-        self._max_priority = torch.maximum(self._max_priority, stored.max())
+        # (A kept priority is <= the max priority, which never decreases: the max over ``values`` is the max over the
+        # new priorities.)
+        self._max_priority = torch.maximum(self._max_priority, values.max())
+
+    def _ranks(self, num: int) -> torch.Tensor:
+        """``1, ..., num`` on ``device`` (cached: the batch size rarely changes)."""
+        if self._rank_cache.numel() != num:
+            self._rank_cache = torch.arange(1, num + 1, device=self.device)
+        return self._rank_cache
+
+    @property
+    def invalid_priorities(self) -> torch.Tensor:
+        """Priorities replaced by 0 since construction because they were NaN, infinite or negative: 0-dim int64 on
+        ``device`` (reading its value is a host sync: read it when a summary is written)."""
+        return self._num_seen - self._num_ok
+
+    def flush(self, storage: RingBuffer) -> None:
+        """Apply the priority updates still in flight from the device, waiting for them (before a checkpoint)."""
+        for batch_info, priorities in self._deferred.take_all():
+            self._apply(storage, batch_info, priorities)
 
     # ---------------------------------------------------------------------------------------------- checkpointing --
     def state_dict(self) -> dict:
         """Tensors only: the trees, the assigned priorities, the max priority and the leaves awaiting a refresh (the
-        write counts and oldest indices are the storage's, restored with it)."""
+        write counts and oldest indices are the storage's, restored with it). Updates still in flight from the device
+        are not included: ``flush`` first (``ReplayBuffer.state_dict`` does)."""
         dirty = torch.cat(self._dirty) if self._dirty else torch.zeros(0, dtype=torch.int64)
         state = {"sum_tree": self._sum.state_dict()["values"], "assigned": self._assigned.clone(),
                  "max_priority": self._max_priority.clone(), "dirty": dirty}
@@ -267,6 +357,7 @@ class PrioritizedSampler(Sampler):
             raise ValueError(f"the checkpoint's prioritized sampler has {state['assigned'].numel()} slots, this one "
                              f"{self._assigned.numel()} ({self.num_envs} envs x {self.capacity} steps): it was saved "
                              "with another num_envs or replay_buffer_length")
+        self._deferred.clear()  # (updates computed for the priorities being replaced)
         self._sum.load_state_dict({"values": state["sum_tree"]})
         if self._min is not None:
             if "min_tree" in state:

@@ -3,6 +3,18 @@
 The buffer is the only thing that changes the storage, so it is the one place that tells the sampler about changes:
 ``add`` -> ``sampler.on_add``, ``clear`` -> ``sampler.on_clear``. Nothing outside it keeps positions or write counts.
 Samples are raw and batch-major ``[B, L]``; transformers (sample view) and ``to_time_major`` take it from there.
+
+Devices. ``sample`` returns the batch where the storage is (host memory for the ``'cpu'`` and ``'mmap'`` storage
+locations, see ``storage.py``) with the sampler's indices, so the transformers that read the buffer at sample time
+work on the host as before. ``to_device(exp, batch_info)`` then moves the (transformed) batch to the training device
+given at construction: through pinned staging buffers and ``non_blocking`` copies for a CUDA device (``staging.py``),
+unchanged for a CPU device or a storage already on the device. A training step reads::
+
+    exp, info = replay.sample(B, L)                       # host batch, host indices (valid until the 2nd next sample)
+    exp = transformer.transform_sample(exp, info, replay)
+    exp, dev_info = replay.to_device(exp, info)           # batch and importance weights on the training device
+    ...learner.update(batch, dev_info)...
+    replay.update_priorities(info, loss_info.priority)    # device priorities: applied one update late, no sync
 """
 from __future__ import annotations
 
@@ -11,6 +23,7 @@ import torch
 from alfish.data.types import BatchInfo, Experience
 from alfish.replay.ring_buffer import RingBuffer
 from alfish.replay.samplers import Sampler
+from alfish.replay.staging import BatchStager
 
 
 class ReplayBuffer:
@@ -20,12 +33,20 @@ class ReplayBuffer:
         storage: the rings. Use it through the buffer from now on (``storage`` is exposed for reading only: an add or
             clear made on it directly would not reach the sampler).
         sampler: ``UniformSampler``, ``PrioritizedSampler`` or another ``Sampler``.
+        device: the training device that ``to_device`` moves batches to; ``None``: the storage's device (nothing to
+            move).
     """
 
-    def __init__(self, storage: RingBuffer, sampler: Sampler):
+    def __init__(self, storage: RingBuffer, sampler: Sampler, device: str | torch.device | None = None):
         self._storage = storage
         self._sampler = sampler
+        self._stager = BatchStager(storage.device if device is None else device)
         sampler.attach(storage)
+
+    @property
+    def device(self) -> torch.device:
+        """The training device (``to_device``'s destination)."""
+        return self._stager.device
 
     @property
     def storage(self) -> RingBuffer:
@@ -66,19 +87,33 @@ class ReplayBuffer:
         self._storage.truncate_episodes()
 
     # --------------------------------------------------------------------------------------------------- sampling --
-    def sample(self, batch_size: int, length: int) -> tuple[Experience, BatchInfo]:
+    def sample(self, batch_size: int, length: int, on_device: bool = False) -> tuple[Experience, BatchInfo]:
         """``batch_size`` sequences of ``length`` contiguous steps of one env each, raw and batch-major ``[B, L]``.
 
         ``BatchInfo``: ``env_ids`` and ``positions`` (absolute index of each sequence's first step) int64 ``[B]``,
         ``importance_weights`` float32 ``[B]`` (prioritized) or ``None`` (uniform).
+
+        The batch is on the storage's device, or (``on_device=True``: for callers without sample-time transformers)
+        on the training device, as ``to_device`` returns it. With a host storage and a CUDA training device the host
+        batch's leaves are pinned staging buffers, overwritten by the second next ``sample``. No host sync once
+        enough steps are stored.
         """
         info = self._sampler.sample(self._storage, batch_size, length)
-        return self._storage.gather(info.env_ids, info.positions, length), info
+        index = info.positions.unsqueeze(1) + torch.arange(length, device=info.positions.device)
+        exp = self._stager.gather(self._storage, info.env_ids, index)
+        return self.to_device(exp, info) if on_device else (exp, info)
+
+    def to_device(self, exp: Experience, batch_info: BatchInfo) -> tuple[Experience, BatchInfo]:
+        """``exp`` (a sampled and possibly transformed batch, any nest of tensors) and the importance weights of
+        ``batch_info`` on the training device (``env_ids`` / ``positions`` are left where the sampler put them). See
+        ``BatchStager.to_device``; the inputs themselves when nothing has to move."""
+        return self._stager.to_device(exp, batch_info)
 
     def update_priorities(self, batch_info: BatchInfo, priorities: torch.Tensor | tuple | None) -> None:
         """New priorities ``[B]`` for the sequences of a sample (``BatchInfo`` as ``sample`` returned it).
 
         ``None`` or ``()`` (an algorithm that computes none) does nothing, as does a sampler without priorities.
+        ``priorities`` may live on the training device; no host sync (see ``PrioritizedSampler.update_priorities``).
         """
         if priorities is None or (isinstance(priorities, tuple) and not priorities):
             return
@@ -125,7 +160,8 @@ class ReplayBuffer:
 
     # ---------------------------------------------------------------------------------------------- checkpointing --
     def state_dict(self) -> dict:
-        """Tensors only: ``{"storage": ..., "sampler": ...}``."""
+        """Tensors only: ``{"storage": ..., "sampler": ...}``; priority updates still in flight are applied first."""
+        self._sampler.flush(self._storage)
         return {"storage": self._storage.state_dict(), "sampler": self._sampler.state_dict()}
 
     def load_state_dict(self, state: dict, example: Experience) -> None:

@@ -10,6 +10,11 @@ would wrap from the newest slot to the oldest). Episode boundaries inside a sequ
 (LAST followed by FIRST). With ``track_episode_ends`` the buffer also knows, for every stored step, where its episode
 ends (hindsight relabelling needs it); that costs 8 bytes per slot and a back-fill when an episode's LAST step is
 written.
+
+Where the leaves live: ``device`` (host memory by default; ``MappedRingBuffer`` keeps them in files, see
+``storage.py`` for the choices). The bookkeeping (write counts, oldest indices, episode ends) always stays on the CPU,
+as tensors plus a Python-int bound on the most steps any env holds (``holds_sequence``), so the host can decide
+whether a sample is possible without reading a tensor.
 """
 from __future__ import annotations
 
@@ -19,25 +24,30 @@ import torch
 from torch.utils import _pytree as pytree
 
 from alfish.data.types import Experience, StepType
+from alfish.replay.transfer import canonical_device, host_to_device
 
 
 class RingBuffer:
     """Storage for ``num_envs`` rings of ``capacity`` steps each.
 
-    Leaves are allocated on the first ``add`` with shape ``[num_envs, capacity, *leaf_shape]`` and the leaf's dtype.
+    Leaves are allocated on the first ``add`` with shape ``[num_envs, capacity, *leaf_shape]`` and the leaf's dtype,
+    on ``device``; the counters stay on the CPU whatever ``device`` is.
     """
 
     def __init__(self, num_envs: int, capacity: int, device: str | torch.device = "cpu",
                  track_episode_ends: bool = False):
         self.num_envs = num_envs
         self.capacity = capacity
-        self.device = torch.device(device)
+        self.device = canonical_device(device)
         self._storage: list[torch.Tensor] | None = None  # one [num_envs, capacity, ...] tensor per leaf
         self._spec: Any = None  # the Experience structure of the leaves
         self._lockstep: int | None = 0  # common write count while all envs are written together
         self._write_count = torch.zeros(num_envs, dtype=torch.int64)
         self._all_envs = torch.arange(num_envs)
         self._floor = torch.zeros(num_envs, dtype=torch.int64)  # steps before this index were cleared
+        # Python ints, so samplers check "enough data?" without touching a tensor (see holds_sequence).
+        self._max_stored = 0  # a lower bound of the most readable steps of any env (exact after a lockstep add)
+        self._min_floor = 0  # min of _floor
         # Absolute index of each slot's episode's LAST step; -1 while the episode is still running.
         self._episode_end: torch.Tensor | None = (
             torch.full((num_envs, capacity), -1, dtype=torch.int64) if track_episode_ends else None)
@@ -56,22 +66,37 @@ class RingBuffer:
         leaves, spec = pytree.tree_flatten(exp._replace(env_id=()))
         if self._storage is None:
             self._spec = spec
-            self._storage = [torch.zeros((self.num_envs, self.capacity) + tuple(x.shape[1:]), dtype=x.dtype,
-                                         device=self.device) for x in leaves]
+            self._storage = [self._allocate((self.num_envs, self.capacity) + tuple(x.shape[1:]), x.dtype)
+                             for x in leaves]
         if self._lockstep is not None and torch.equal(env_ids, self._all_envs):
             # Every env written at once, in order (the synchronous case): one slice write per leaf, no index tensors.
             slot = self._lockstep % self.capacity
             for store, x in zip(self._storage, leaves):
-                store[:, slot] = x
+                store[:, slot] = host_to_device(x, self.device)
             self._lockstep += 1
+            self._max_stored = min(self._lockstep - self._min_floor, self.capacity)  # all write counts are equal
         else:
             self._lockstep = None
-            slots = self._write_count[env_ids] % self.capacity
+            flat = host_to_device(env_ids * self.capacity + self._write_count[env_ids] % self.capacity, self.device)
             for store, x in zip(self._storage, leaves):
-                store[env_ids, slots] = x.to(self.device)
+                store.view((-1,) + store.shape[2:])[flat] = host_to_device(x, self.device)
         if self._episode_end is not None:
             self._track_episodes(env_ids, exp.step_type)
         self._write_count[env_ids] += 1
+        # (Other adds leave _max_stored as it is: an add never lowers a count, so it stays a lower bound.)
+
+    def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A zeroed storage leaf (a subclass may place it elsewhere, e.g. in a file)."""
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def _adopt(self, leaf: torch.Tensor) -> torch.Tensor:
+        """A storage leaf holding ``leaf`` (from a checkpoint); ordinary memory may reuse ``leaf`` itself."""
+        return leaf.to(self.device).contiguous()  # (gather reads leaves through a flat view)
+
+    def _update_mirrors(self) -> None:
+        """Recompute the Python ints from the counters (after a clear or a load, which may lower the counts)."""
+        self._max_stored = int(self.num_stored().max())
+        self._min_floor = int(self._floor.min())
 
     def _track_episodes(self, env_ids: torch.Tensor, step_type: torch.Tensor) -> None:
         """Before ``_write_count`` advances: note new episodes' first steps, back-fill ended episodes' ends."""
@@ -90,6 +115,7 @@ class RingBuffer:
         """Forget everything except the newest ``keep_last`` steps of each env (kept at their absolute indices)."""
         # The kept steps stay in their slots; only the oldest readable index moves.
         self._floor = torch.maximum(self._floor, self._write_count - keep_last)
+        self._update_mirrors()
 
     def truncate_episodes(self) -> None:
         """Mark the newest stored step of every env LAST (keeping its discount), i.e. a time-limit truncation.
@@ -103,7 +129,7 @@ class RingBuffer:
         env_ids = torch.arange(self.num_envs)[has_data]
         slots = (self._write_count[has_data] - 1) % self.capacity
         stored: Experience = pytree.tree_unflatten(self._storage, self._spec)  # views of the storage, no copy
-        stored.step_type[env_ids, slots] = StepType.LAST
+        stored.step_type.view(-1)[host_to_device(env_ids * self.capacity + slots, self.device)] = StepType.LAST
         if self._episode_end is not None:
             for env in env_ids.tolist():
                 self._fill_episode_end(env, int(self._write_count[env]) - 1)
@@ -121,17 +147,53 @@ class RingBuffer:
         """Readable steps summed over envs."""
         return int(self.num_stored().sum())
 
+    def holds_sequence(self, length: int) -> bool:
+        """Whether some env holds at least ``length`` readable steps (a sequence of ``length`` fits).
+
+        Answered from a Python int that bounds the most steps any env holds from below (exact after lockstep adds,
+        clears and loads; other adds only raise the counts), so once enough is stored no tensor is read; while the
+        bound is short of ``length`` the CPU counters are read to refresh it (warm-up and error paths only).
+        """
+        if self._max_stored < length:
+            self._max_stored = int(self.num_stored().max())
+        return self._max_stored >= length
+
     def gather(self, env_ids: torch.Tensor, positions: torch.Tensor, length: int) -> Experience:
         """Sequences ``[N, length]`` starting at absolute indices ``positions`` ``[N]`` of rings ``env_ids`` ``[N]``."""
-        return self.gather_at(env_ids, positions.unsqueeze(1) + torch.arange(length))
+        return self.gather_at(env_ids, positions.unsqueeze(1) + torch.arange(length, device=positions.device))
 
-    def gather_at(self, env_ids: torch.Tensor, index: torch.Tensor) -> Experience:
+    def gather_at(self, env_ids: torch.Tensor, index: torch.Tensor, out: list[torch.Tensor] | None = None
+                  ) -> Experience:
         """Steps ``[N, M]`` at absolute indices ``index`` ``[N, M]`` of rings ``env_ids`` ``[N]`` (caller keeps the
-        indices readable: ``oldest_index() <= index < write_count``)."""
+        indices readable: ``oldest_index() <= index < write_count``).
+
+        The indices may live on the CPU or on the storage's device: CPU indices for a device storage travel in one
+        non-blocking copy (``transfer.host_to_device``). Indices on the device for a host storage are read back (a sync;
+        keep the sampler's indices on the host for a host storage). ``out``: one tensor per stored leaf (the order of
+        ``leaf_layout``), each of ``N * M * prod(leaf_shape)`` elements on the storage's device or pinned host memory
+        for a host storage, that the leaves are gathered into (the staging buffers of ``BatchStager``); the returned
+        leaves are views of them. ``env_id`` comes back ``[N, M]`` on the storage's device.
+        """
         rows = env_ids.unsqueeze(1)
-        slots = index % self.capacity
-        exp: Experience = pytree.tree_unflatten([store[rows, slots] for store in self._storage], self._spec)
-        return exp._replace(env_id=rows.expand_as(index))
+        flat = rows * self.capacity + index % self.capacity  # [N, M]: row of the [num_envs * capacity, ...] view
+        on_storage = host_to_device(flat, self.device)
+        flat_1d = on_storage.reshape(-1)
+        leaves = []
+        for i, store in enumerate(self._storage):
+            tail = store.shape[2:]
+            rows_of_store = store.view((-1,) + tail)
+            if out is None:
+                gathered = rows_of_store.index_select(0, flat_1d)
+            else:
+                gathered = torch.index_select(rows_of_store, 0, flat_1d, out=out[i].view((-1,) + tail))
+            leaves.append(gathered.view(index.shape + tail))
+        exp: Experience = pytree.tree_unflatten(leaves, self._spec)
+        env_id = rows.expand_as(index) if rows.device == self.device else on_storage // self.capacity
+        return exp._replace(env_id=env_id)
+
+    def leaf_layout(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
+        """``(leaf_shape, dtype)`` of every stored leaf, in storage order (empty before the first add)."""
+        return [(tuple(store.shape[2:]), store.dtype) for store in self._storage or []]
 
     def write_count(self) -> torch.Tensor:
         """Steps ever written per env ``[num_envs]`` (the absolute index the next step gets)."""
@@ -142,7 +204,7 @@ class RingBuffer:
         shapes): its LAST step, or the newest stored step while the episode is still running."""
         if self._episode_end is None:
             raise RuntimeError("this RingBuffer was built without track_episode_ends=True")
-        end = self._episode_end[env_ids, index % self.capacity]
+        end = self._episode_end[env_ids, index % self.capacity]  # (host bookkeeping: host indices)
         return torch.where(end >= 0, end, self._write_count[env_ids] - 1)
 
     def gather_all(self) -> Experience:
@@ -155,10 +217,11 @@ class RingBuffer:
 
     # ---------------------------------------------------------------------------------------------- checkpointing --
     def state_dict(self) -> dict:
-        """Tensors only: the storage leaves, the write counters and the oldest readable index."""
+        """Tensors only, all on the CPU (a checkpoint does not depend on where the storage lived): the storage leaves,
+        the write counters and the oldest readable index."""
         leaves = self._storage or []
         state = {"write_count": self._write_count.clone(), "oldest": self.oldest_index(),
-                 "leaves": [leaf.clone() for leaf in leaves]}
+                 "leaves": [leaf.to("cpu", copy=True) for leaf in leaves]}
         if self._episode_end is not None:
             state.update(episode_end=self._episode_end.clone(), episode_begin=self._episode_begin.clone())
         return state
@@ -174,7 +237,8 @@ class RingBuffer:
             raise ValueError(f"the checkpoint's replay buffer holds {len(state['leaves'])} fields per step but this "
                              f"algorithm stores {self._spec.num_leaves}; it was written by another alfish version or "
                              "algorithm: resume it with that version, or start a new root_dir")
-        self._storage = [x.to(self.device) for x in state["leaves"]] or None
+        self._storage = [self._adopt(x) for x in state["leaves"]] or None
+        self._update_mirrors()
         if self._episode_end is not None:
             if "episode_end" not in state:
                 raise ValueError("the checkpoint's replay buffer has no episode ends, which hindsight relabelling "

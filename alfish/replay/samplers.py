@@ -30,12 +30,18 @@ class Sampler:
 
     def sample(self, storage: RingBuffer, batch_size: int, length: int) -> BatchInfo:
         """Where ``batch_size`` sequences of ``length`` steps start: ``BatchInfo`` with ``env_ids`` and ``positions``
-        int64 ``[batch_size]`` (CPU; every sequence fully readable and not running past the newest step) and
-        ``importance_weights`` float32 ``[batch_size]`` or ``None``."""
+        int64 ``[batch_size]`` (every sequence fully readable and not running past the newest step; on the CPU, or
+        on the sampler's device for a sampler that keeps its state there) and ``importance_weights`` float32
+        ``[batch_size]`` or ``None``. In the steady state (enough steps stored) it must not read a device tensor
+        back to the host (no ``.item()``, ``bool()``, ``.cpu()``...): ``RingBuffer.holds_sequence`` answers
+        "enough?"."""
         raise NotImplementedError
 
     def update_priorities(self, storage: RingBuffer, batch_info: BatchInfo, priorities: torch.Tensor) -> None:
         """New priorities ``[B]`` for the sequences of ``batch_info`` (as returned by ``sample``)."""
+
+    def flush(self, storage: RingBuffer) -> None:
+        """Apply any priority update still deferred (called before ``state_dict``)."""
 
     def state_dict(self) -> dict:
         """Tensors only; restored after the storage (``ReplayBuffer.load_state_dict`` does it in that order)."""
@@ -60,7 +66,9 @@ class UniformSampler(Sampler):
     """Every fully stored sequence of ``length`` steps equally likely (with replacement); no importance weights.
 
     ``generator`` (a CPU generator, public so it can be reseeded) makes the draws reproducible; ``None`` uses torch's
-    global generator.
+    global generator. Draws and indices stay on the CPU wherever the storage is (``RingBuffer.gather`` moves the
+    indices to a device storage in one non-blocking copy); nothing here reads a tensor back, so a sample never
+    waits for the device.
     """
 
     def __init__(self, generator: torch.Generator | None = None):
@@ -69,9 +77,9 @@ class UniformSampler(Sampler):
     def sample(self, storage: RingBuffer, batch_size: int, length: int) -> BatchInfo:
         check_length(length)
         num_stored = storage.num_stored()
-        starts = torch.clamp(num_stored - length + 1, min=0)  # sequences that fit, per env  [num_envs]
-        if int(starts.sum()) == 0:
+        if not storage.holds_sequence(length):  # Python ints once enough is stored: no tensor is read
             raise too_few_steps(num_stored, length)
+        starts = torch.clamp(num_stored - length + 1, min=0)  # sequences that fit, per env  [num_envs]
         # An env with probability proportional to its number of starts, then a start uniformly inside it: uniform over
         # all starts. (These two draws, in this order, are what runs have always drawn: seeded runs stay the same.)
         env_ids = torch.multinomial(starts.float(), batch_size, replacement=True, generator=self.generator)

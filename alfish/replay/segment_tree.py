@@ -153,6 +153,8 @@ class SumTree(SegmentTree):
         below = self.depth - self.top
         k, r = DESCENT_LEVELS, below % DESCENT_LEVELS
         self._descent_steps = ([r] if r else []) + [k] * (below // k)  # levels per step under ``top``, top first
+        # The direction for nextafter, made once: torch.tensor(-1.0, device=cuda) would be a blocking copy per search.
+        self._below = torch.full((), -1.0, dtype=dtype, device=self.device)
 
     def _op(self, left: torch.Tensor, right: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         return torch.add(left, right, out=out)
@@ -183,7 +185,7 @@ class SumTree(SegmentTree):
             int64 leaf indices, shaped like ``targets``.
         """
         t = targets.reshape(-1, 1).to(device=self.device, dtype=self.dtype).clamp(min=0)  # [N, 1]
-        below = torch.tensor(-1.0, dtype=self.dtype, device=self.device)  # direction for nextafter
+        below = self._below  # direction for nextafter
         # Level ``top`` as one wide node: the same rule as the steps below.
         level = self._top_nodes
         cum = level.cumsum(0)

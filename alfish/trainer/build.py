@@ -30,8 +30,8 @@ from alfish.learn.learner import Learner
 from alfish.learn.optim import OptimizerConfig
 from alfish.replay.prioritized import PrioritizedSampler
 from alfish.replay.replay_buffer import ReplayBuffer
-from alfish.replay.ring_buffer import RingBuffer
 from alfish.replay.samplers import UniformSampler
+from alfish.replay.storage import make_storage
 from alfish.schedulers import as_scheduler
 from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
@@ -42,7 +42,7 @@ from alfish.trainer.resume import check_resumable
 from alfish.trainer.summary import NullSummaries, Summaries
 from alfish.trainer.trainer import Trainer
 from alfish.trainer.training import OnPolicyTraining, SampledReplayTraining, TrainingStep, WholeBufferTraining
-from alfish.transforms.base import DataTransformer
+from alfish.transforms.base import STAGE_READS_BUFFER, DataTransformer
 
 
 def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None) -> Trainer:
@@ -58,7 +58,7 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None) -
     checkpointer = Checkpointer(os.path.join(config.root_dir, "checkpoints"))
     resume_from = checkpointer.load_latest()  # every rank reads the same one
     if resume_from is not None:
-        check_resumable(resume_from)
+        check_resumable(resume_from, dist.world_size)
     seed = int(broadcast_object(_choose_seed(config, resume_from), dist))
     rank_seed = seed + RANK_SEED_OFFSET * dist.rank
     seed_everything(rank_seed)
@@ -83,7 +83,7 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
     log_job_totals(dist, spec.num_envs, config.mini_batch_size)
     learner = Learner(algorithm, OptimizerConfig(), AmpPolicy(config.enable_amp, device.type), dist, device)
     transformer.to(device)  # normalizer statistics are used in training, on the device
-    replay = None if algorithm.on_policy else build_replay_buffer(config, spec, transformer)
+    replay = None if algorithm.on_policy else build_replay_buffer(config, spec, transformer, devices, device)
     training = build_training_step(config, collector, learner, algorithm, replay, transformer, total_envs,
                                    config.mini_batch_size)
     plan = RunPlan(config, total_envs)
@@ -140,19 +140,33 @@ def build_collector(config: TrainerConfig, options: RunOptions, rank_seed: int,
     return SyncCollector(create_environment(seed=rank_seed), options.random_warm_up_actions, device)
 
 
-def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataTransformer) -> ReplayBuffer:
-    """Per-env rings of ``replay_buffer_length`` steps, sampled uniformly or by priority."""
-    storage = RingBuffer(spec.num_envs, config.replay_buffer_length,
-                         track_episode_ends=transformer.needs_episode_ends)
+def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataTransformer,
+                        devices: DevicePolicy, device: torch.device) -> ReplayBuffer:
+    """Per-env rings of ``replay_buffer_length`` steps (in the memory ``DevicePolicy.replay_storage`` names),
+    sampled uniformly or by priority, handing batches to the training ``device``. The priority trees live with the
+    storage (on the device with ``'device'`` storage: the whole sample/update path stays there), except that
+    transformers which read neighbouring stored steps at sample time (frame stacking, hindsight) need host indices."""
+    scratch_dir = None
+    if devices.replay_storage == "mmap":
+        scratch_dir = os.path.join(config.root_dir, "replay_mmap")
+        os.makedirs(scratch_dir, exist_ok=True)
+    storage = make_storage(devices.replay_storage, spec.num_envs, config.replay_buffer_length, device=device,
+                           track_episode_ends=transformer.needs_episode_ends, scratch_dir=scratch_dir)
     if config.priority_replay:
         sampler = PrioritizedSampler(spec.num_envs, config.replay_buffer_length,
                                      sequence_length=config.mini_batch_length,
                                      alpha=as_scheduler(config.priority_replay_alpha),
                                      beta=as_scheduler(config.priority_replay_beta), eps=config.priority_replay_eps,
-                                     normalize_by_max=config.normalize_importance_weights_by_max)
+                                     normalize_by_max=config.normalize_importance_weights_by_max,
+                                     device=storage.device if not _reads_buffer(transformer) else "cpu")
     else:
         sampler = UniformSampler()
-    return ReplayBuffer(storage, sampler)
+    return ReplayBuffer(storage, sampler, device=device)
+
+
+def _reads_buffer(transformer: DataTransformer) -> bool:
+    parts = getattr(transformer, "transformers", [transformer])
+    return any(getattr(t, "stage", None) == STAGE_READS_BUFFER for t in parts)
 
 
 def build_training_step(config: TrainerConfig, collector: Collector, learner: Learner, algorithm: Algorithm,

@@ -115,10 +115,11 @@ class SampledReplayTraining(ReplayTraining):
 
     def _train(self) -> None:
         for _ in range(self.num_updates):
-            raw, batch_info = self.replay.sample(self.mini_batch_size, self.mini_batch_length)
-            raw = self.transformer.transform_sample(raw, batch_info, self.replay)
+            raw, batch_info = self.replay.sample(self.mini_batch_size, self.mini_batch_length)  # on the host
+            raw = self.transformer.transform_sample(raw, batch_info, self.replay)  # reads the host storage
+            raw, on_device = self.replay.to_device(raw, batch_info)  # one non_blocking copy per field
             batch = self.transformer.transform_experience(to_time_major(raw))
-            loss_info = self.learner.update(batch, batch_info)
+            loss_info = self.learner.update(batch, on_device)
             self.replay.update_priorities(batch_info, loss_info.priority)
 
 
@@ -132,7 +133,8 @@ class WholeBufferTraining(ReplayTraining):
 
     def _train(self) -> None:
         raw, where = self.replay.gather_all()
-        exp = self.transformer.transform_experience(self.transformer.transform_sample(raw, where, self.replay))
+        raw, _ = self.replay.to_device(self.transformer.transform_sample(raw, where, self.replay), where)
+        exp = self.transformer.transform_experience(raw)
         exp = self.algorithm.preprocess_experience(exp)
         batches = WholeBufferBatches(exp, self.mini_batch_length or 1, self.mini_batch_size)
         for _ in range(self.num_updates):

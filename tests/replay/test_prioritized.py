@@ -157,9 +157,16 @@ def test_priority_update_by_hand():
     # Duplicates: the last one wins.
     buf.update_priorities(at([0, 0], [2, 2]), torch.tensor([4.0, 1.0]))
     assert float(sampler._sum.get(torch.tensor(2))) == 2.0
+    # A priority that is not finite and >= 0 is replaced by 0 (stored (0 + eps) ** alpha = 1 here) and counted on the
+    # sampler's device, without a host sync; validate=True (a debugging aid) raises instead.
+    buf.update_priorities(at([0, 0, 0, 0], [0, 1, 3, 2]), torch.tensor([float("nan"), float("inf"), -1.0, 5.0]))
+    assert int(sampler.invalid_priorities) == 3
+    assert sampler._sum.get(torch.tensor([0, 1, 3, 2])).tolist() == [1.0, 1.0, 1.0, 6.0]
+    sampler.validate = True
     for bad in (float("nan"), float("inf"), -1.0):
         with pytest.raises(ValueError, match="finite and non-negative"):
             buf.update_priorities(at([0, 0], [0, 1]), torch.tensor([1.0, bad]))
+    assert int(sampler.invalid_priorities) == 3
 
 
 def test_update_of_an_overwritten_start_is_ignored():
