@@ -91,6 +91,9 @@ class Learner:
         self.optimizer = self.optimizer_config.build(groups)
         self.params: list[nn.Parameter] = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.loss_module = wrap_for_ddp(algorithm, self.dist, self.device)  # forward = the loss of a batch
+        if compile_mode == "reduce-overhead" and self.device.type != "cuda":
+            raise OneLineValueError(f"Learner.compile_mode='reduce-overhead' captures CUDA graphs, but training runs "
+                                    f"on {self.device}; use 'default' (or None) there")
         self._compute_loss = self.loss_module if compile_mode is None else CompiledLoss(self.loss_module, compile_mode)
         self.num_updates = 0
         if finite_check_interval is None:
@@ -149,6 +152,8 @@ class Learner:
         self.amp.backward(loss)
         if allreduce:
             allreduce_gradients(self.params, self.dist)
+        if self.dist.enabled:  # one rank's NaN reaches every rank through the all-reduce: all must skip together
+            skip = torch.maximum(skip, non_finite_gradients(self.params))
         self.amp.unscale(self.optimizer)
         grad_norm = self.optimizer_config.clip(self.params)
         self.amp.step(self.optimizer, skip)  # a fused optimizer skips a non-finite update on the device
@@ -220,6 +225,14 @@ class Learner:
         if "amp" in state:
             self.amp.load_state_dict(state["amp"])
         self.num_updates = int(state.get("num_updates", 0))
+
+
+def non_finite_gradients(params: list[nn.Parameter]) -> torch.Tensor:
+    """1.0 (a 0-d float32 on the parameters' device) if any gradient holds NaN/inf, else 0.0; no host sync."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros((), device=params[0].device)
+    return (~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())).to(torch.float32)
 
 
 class CompiledLoss:

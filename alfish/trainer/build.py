@@ -112,6 +112,11 @@ def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Op
     if on_policy and config.async_unroll:
         raise ValueError(f"TrainerConfig.async_unroll=True needs an off-policy algorithm; {name} trains on-policy on "
                          "the unroll it just made (with gradients), which another process cannot provide")
+    rollout_device = DevicePolicy().rollout_device
+    if not config.async_unroll and rollout_device != "cpu":
+        raise ValueError(f"DevicePolicy.rollout_device='{rollout_device}' applies to the async unroll child, but "
+                         "TrainerConfig.async_unroll=False: the synchronous unroll acts on DevicePolicy.device; "
+                         "remove the binding or set async_unroll=True")
     if on_policy is False and config.unroll_with_grad:
         raise ValueError(f"TrainerConfig.unroll_with_grad=True: {name} is off-policy and stores its steps in the "
                          "replay buffer, where autograd graphs must not be kept; set it to False (on-policy "

@@ -11,8 +11,10 @@ from typing import Any, Callable, NamedTuple, Optional
 import torch
 
 from alfish.algorithms.base import Algorithm
+from alfish.collect.unroller import to_device
 from alfish.data.types import StepType, TimeStep
 from alfish.envs.batched_env import BatchedEnv
+from alfish.learn.device import CPU
 from alfish.seeding import reseed
 
 
@@ -45,6 +47,7 @@ class Evaluator:
         was_training = algorithm.training
         algorithm.eval()
         n = self.env.num_envs
+        device = next(iter(algorithm.parameters())).device  # the evaluator acts where the algorithm trains
         done = torch.zeros(n, dtype=torch.int64)
         ret = torch.zeros(n, dtype=torch.float64)
         length = torch.zeros(n, dtype=torch.int64)
@@ -54,7 +57,8 @@ class Evaluator:
         for _ in range(self.max_steps):
             if bool((done >= self.per_env).all()):
                 break
-            action = algorithm.predict_step(self.transform(time_step), epsilon_greedy=self.epsilon_greedy).output
+            seen = self.transform(to_device(time_step, device))  # to the policy's device and back: once per step each
+            action = to_device(algorithm.predict_step(seen, epsilon_greedy=self.epsilon_greedy).output, CPU)
             time_step = self.env.step(action)
             counting = (done < self.per_env) & (time_step.step_type != StepType.FIRST)
             ret += torch.where(counting, time_step.reward.double(), 0.0)

@@ -142,3 +142,9 @@ def test_a_failing_compiler_falls_back_to_eager_with_one_warning(caplog):
 def test_an_unknown_compile_mode_is_a_conf_error():
     with pytest.raises(ValueError, match=r"^Learner.compile_mode='fastest': Unrecognized mode=fastest"):
         Learner(Toy(), compile_mode="fastest")
+
+
+def test_cuda_graphs_on_the_cpu_are_refused():
+    with pytest.raises(ValueError, match=r"^Learner.compile_mode='reduce-overhead' captures CUDA graphs, but "
+                                         r"training runs on cpu; use 'default' \(or None\) there$"):
+        Learner(Toy(), compile_mode="reduce-overhead")

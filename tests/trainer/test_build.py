@@ -36,6 +36,19 @@ def test_unservable_combinations_fail_before_anything_starts(tmp_path, settings,
     assert len(psutil.Process().children(recursive=True)) == children_before  # no process was started
 
 
+def test_a_rollout_device_that_nothing_would_use_is_refused_first(tmp_path):
+    import gin
+
+    gin.bind_parameter("DevicePolicy.rollout_device", "cuda")
+    try:
+        with pytest.raises(ValueError, match=r"^DevicePolicy.rollout_device='cuda' applies to the async unroll "
+                                             r"child, but TrainerConfig.async_unroll=False"):
+            build_trainer(TrainerConfig(root_dir=str(tmp_path / "root"), algorithm_ctor=SacAlgorithm))
+        assert not (tmp_path / "root").exists()
+    finally:
+        gin.clear_config()
+
+
 def test_a_checkpoint_of_the_older_layout_is_refused_with_a_clear_message(tmp_path):
     checkpointer = Checkpointer(os.path.join(tmp_path, "checkpoints"))
     checkpointer.save(5, {"algorithm": {}}, {"iteration": 5, "seed": 1})  # layout 1 had no "layout" entry
