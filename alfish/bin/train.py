@@ -2,14 +2,18 @@
 
     python -m alfish.bin.train --conf confs/sac_pendulum.gin --root_dir runs/sac [--conf_param 'Name.param=value' ...]
 
-Re-running with the same --root_dir resumes from its newest valid checkpoint.
+Re-running with the same --root_dir resumes from its newest valid checkpoint. Under torchrun, a rank that fails writes
+its one-line error to torchrun's error file, so the job's failure summary ("Root Cause") names it; the full traceback
+goes to the rank's stderr.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
+import time
 from typing import Optional, Sequence
 
 from alfish.config import ConfError, TrainerConfig, load_conf, write_config_record
@@ -46,6 +50,28 @@ def setup_logging(root_dir: str) -> None:
         root.addHandler(handler)
 
 
+def one_line(err: BaseException) -> str:
+    """``err``'s message on one line (gin appends "In call to configurable ..." lines to errors it re-raises)."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def record_error_for_torchrun(message: str) -> None:
+    """Write ``message`` to ``$TORCHELASTIC_ERROR_FILE`` (set by torchrun for each rank) in the layout torch's
+    ``ErrorHandler`` writes and ``ProcessFailure`` reads, with the message as the call stack too: torchrun's failure
+    summary prints the call stack under "Root Cause", and one line saying what is wrong and how to fix it reads better
+    there than a traceback (which the rank still prints to its stderr). Does nothing outside torchrun."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {"message": {"message": message,
+                        "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError as err:  # the summary then lacks the message; the rank's stderr still has it
+        logging.warning("could not write torchrun's error file %s: %s", path, err)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     try:
@@ -53,6 +79,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         config = TrainerConfig(root_dir=args.root_dir, conf_file=args.conf)
     except (ConfError, ValueError, TypeError) as err:
         print(f"error: {err}", file=sys.stderr)
+        record_error_for_torchrun(f"error: {one_line(err)}")
         return 2
     setup_logging(args.root_dir)
     # after the conf is known good: imports torch-heavy modules
@@ -63,11 +90,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         trainer = build_trainer(config)
     except (ValueError, TypeError, RuntimeError, CheckpointError) as err:
         # e.g. a bad algorithm hyperparameter or an unknown env id; gin appends "In call to configurable ..." lines.
-        logging.error("could not build the experiment: %s", " ".join(str(err).split()))
+        message = f"could not build the experiment: {one_line(err)}"
+        logging.error("%s", message)
+        record_error_for_torchrun(message)
         return 2
     if process_rank() == 0:
         write_config_record(args.root_dir)  # logs a warning for each binding that was set but never used
-    return trainer.run()
+    try:
+        return trainer.run()
+    except Exception as err:
+        record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}")
+        raise  # the traceback goes to stderr
 
 
 if __name__ == "__main__":

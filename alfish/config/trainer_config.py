@@ -44,8 +44,10 @@ class TrainerConfigError(OneLineValueError):
 class TrainerConfig:
     """All parameters of one training run (ALF's names and defaults; validated on construction).
 
-    An *iteration* is one unroll phase followed by one training phase. Counts of env steps are summed over all
-    environments (and all DDP ranks' environments are not included: each rank counts its own). The object is frozen;
+    An *iteration* is one unroll phase followed by one training phase. Under ``torchrun`` (DDP) the settings follow
+    ALF: ``create_environment.num_parallel_environments`` and ``mini_batch_size`` are per rank (each rank steps its own
+    envs and samples its own mini-batches), while ``num_env_steps`` and ``initial_collect_steps`` count env steps
+    summed over all envs of all ranks (job totals); the effective totals are logged at start. The object is frozen;
     use ``dataclasses.replace(config, random_seed=...)`` to derive a changed copy.
 
     Args:
@@ -57,8 +59,8 @@ class TrainerConfig:
             to each TimeStep before the algorithm sees it and to each replay sample before training.
         random_seed: seed for torch/numpy/python and the envs; None picks one at random and logs it.
         num_iterations: stop after this many iterations (<= 0: no limit from iterations).
-        num_env_steps: stop after this many env steps summed over all envs (<= 0: no limit from env steps); when
-            both limits are > 0, training stops at whichever is reached first.
+        num_env_steps: stop after this many env steps summed over all envs of all DDP ranks (<= 0: no limit from
+            env steps); when both limits are > 0, training stops at whichever is reached first.
         unroll_length: env steps per env per iteration; a fraction < 1 means one step every 1/unroll_length
             iterations.
         unroll_with_grad: ALF's switch for gradients through the unroll; here implied by the algorithm (on-policy ones
@@ -110,11 +112,14 @@ class TrainerConfig:
         summarize_gradient_noise_scale: write the gradient noise scale (not built yet).
         summarize_action_distributions: write action distribution summaries (not built yet).
         summarize_output: write summaries of network outputs (not built yet).
-        initial_collect_steps: env steps summed over all envs collected before any training starts.
+        initial_collect_steps: env steps summed over all envs of all DDP ranks collected before any training starts
+            (each env takes ceil(initial_collect_steps / total envs) steps).
         num_updates_per_train_iter: gradient-update passes per iteration (epochs over the buffer with
             whole_replay_buffer_training).
         mini_batch_length: steps per sampled sequence (None: the algorithm's default / the whole unroll).
-        mini_batch_size: sequences per mini-batch (None: the algorithm's default / the whole buffer).
+        mini_batch_size: sequences per mini-batch, per DDP rank: each rank samples its own, and an update averages
+            the gradients of world_size x mini_batch_size sequences (None: the algorithm's default / the whole
+            buffer).
         whole_replay_buffer_training: train on the whole buffer each iteration (PPO style) instead of samples.
         replay_buffer_length: steps kept per env in the replay buffer's ring.
         priority_replay: prioritized experience replay over sequence starts (off-policy, sampled training only).

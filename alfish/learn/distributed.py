@@ -124,17 +124,24 @@ def device_identity(device: torch.device) -> str:
 def check_one_rank_per_gpu(device: torch.device, ctx: DistContext) -> None:
     """A one-line error on every rank when two ranks train on the same GPU with NCCL (which cannot share one).
 
-    One small all-gather of ``host/GPU`` strings over gloo, at start only."""
+    One small all-gather of ``(host/GPU, device name)`` over gloo, at start only; every rank then judges the same
+    list, so all raise alike."""
     identities: list = [None] * ctx.world_size
     dist.all_gather_object(identities, (device_identity(device), str(device)))
+    check_distinct_gpus(identities)
+
+
+def check_distinct_gpus(identities: Sequence[tuple[str, str]]) -> None:
+    """``identities[rank] = (host/GPU, device name)``; a one-line error naming the first two ranks sharing a GPU."""
     first_rank: dict[str, int] = {}
     for rank, (identity, name) in enumerate(identities):
         if identity in first_rank:
             host = identity.split("/")[0]
+            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
             raise OneLineValueError(
                 f"ranks {first_rank[identity]} and {rank} both train on {name} of host {host}, but NCCL needs one "
-                f"GPU per rank ({torch.cuda.device_count()} visible here); set init_distributed.backend = 'gloo' to "
-                "share GPUs, or start fewer processes per node (--nproc_per_node)")
+                f"GPU per rank ({visible} visible here); set init_distributed.backend = 'gloo' to share GPUs, or "
+                "start fewer processes per node (--nproc_per_node)")
         first_rank[identity] = rank
 
 

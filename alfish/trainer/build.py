@@ -179,7 +179,7 @@ def build_training_step(config: TrainerConfig, collector: Collector, learner: Le
                         mini_batch_size: Optional[int]) -> TrainingStep:
     """On-policy: train on the unroll. Off-policy: from replay, sampled or over the whole buffer."""
     if replay is None:
-        return OnPolicyTraining(collector, learner, algorithm)
+        return OnPolicyTraining(collector, learner, algorithm, transformer)
     args = (collector, learner, algorithm, replay, transformer, config.initial_collect_steps, config.num_env_steps,
             total_envs, config.num_updates_per_train_iter, mini_batch_size, config.mini_batch_length)
     if config.whole_replay_buffer_training:

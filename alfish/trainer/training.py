@@ -16,6 +16,7 @@ from typing import Optional
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
+from alfish.learn.distributed import merge_statistics_across_ranks
 from alfish.learn.learner import Learner
 from alfish.replay.batching import WholeBufferBatches, to_time_major
 from alfish.replay.replay_buffer import ReplayBuffer
@@ -52,10 +53,15 @@ class TrainingStep:
 class OnPolicyTraining(TrainingStep):
     """Trains on the trajectory ``[T + 1, B]`` just unrolled, with gradients; no replay."""
 
+    def __init__(self, collector: Collector, learner: Learner, algorithm: Algorithm, transformer: DataTransformer):
+        super().__init__(collector, learner, algorithm)
+        self.transformer = transformer
+
     def _collect_and_train(self, steps_per_env: int) -> int:
         start = time.monotonic()
         trajectory = self.collector.collect_trajectory(steps_per_env)
         self.timing["unroll_s"] = time.monotonic() - start
+        merge_statistics_across_ranks(self.transformer, self.learner.dist)
         with self.learner.loss_context():
             loss_info = self.algorithm.calc_loss(trajectory, None)
         self.learner.apply(loss_info)
@@ -90,6 +96,8 @@ class ReplayTraining(TrainingStep):
         start = time.monotonic()
         collected = self.collector.collect(steps_per_env)
         self.timing["unroll_s"] = time.monotonic() - start
+        # Every rank normalizes this iteration's batches with the statistics of all ranks' data (the warm-up's too).
+        merge_statistics_across_ranks(self.transformer, self.learner.dist)
         self._train()
         return collected
 

@@ -1,20 +1,52 @@
-"""Running-statistics normalizers of observations and rewards."""
+"""Running-statistics normalizers of observations and rewards.
+
+Under DDP (``torchrun``) every rank updates its statistics from its own envs (or its own replay samples), so the ranks
+would normalize differently. ``RunningMeanStd`` therefore also keeps, on each rank, the statistics at the last merge
+(identical on every rank) and the statistics of the data this rank saw since then;
+``alfish.learn.distributed.merge_statistics_across_ranks`` gathers those per-rank deltas in one collective and folds
+them, in rank order, into the merged statistics on every rank, so all ranks then hold the same numbers: those of one
+process that saw all ranks' data. A single process keeps no deltas and its numbers are those of the plain update.
+"""
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Sequence, Union
 
 import gin
 import gymnasium as gym
 import torch
+import torch.distributed as dist
 
 from alfish.data.types import Experience, TimeStep
 from alfish.transforms.base import DataTransformer
 
 
+def _fold(count: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, n: Union[int, torch.Tensor],
+          other_mean: torch.Tensor, other_m2: torch.Tensor) -> None:
+    """Fold the statistics ``(n, other_mean, other_m2)`` of other values into ``(count, mean, m2)`` in place (Chan et
+    al.'s parallel update: no sums of squares, so no cancellation). ``n`` is a positive int or a count tensor (which
+    may be 0: nothing is folded then)."""
+    total = count + n
+    delta = other_mean - mean
+    safe_total = total if isinstance(n, int) else total.clamp(min=1.0)  # an int n >= 1: the plain update's ops
+    mean += delta * (n / safe_total)
+    m2 += other_m2 + delta ** 2 * (count * n / safe_total)
+    count.copy_(total)
+
+
+def _in_multi_rank_job() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
 class RunningMeanStd(torch.nn.Module):
     """Mean and variance over every value seen, merged batch by batch (Chan et al.'s parallel update), float64.
 
-    ``shape``: the shape of one value; batches are ``[N, *shape]``.
+    ``shape``: the shape of one value; batches are ``[N, *shape]``. ``count`` (values seen), ``mean`` and ``m2`` (sum
+    of squared deviations from the mean), of shape ``[]``, ``shape``, ``shape``, are the checkpointed state.
+
+    Built inside a multi-rank job (after ``init_distributed``), it also keeps two non-checkpointed copies of that
+    triple: ``base_*``, the statistics at the last merge across ranks (or the last load), and ``delta_*``, the
+    statistics of the values this rank saw since then (``tracks_rank_deltas``). Between two merges ``count/mean/m2``
+    are ``base`` with this rank's own values folded in, as in a single process.
     """
 
     def __init__(self, shape: tuple[int, ...]):
@@ -22,6 +54,11 @@ class RunningMeanStd(torch.nn.Module):
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
         self.register_buffer("m2", torch.zeros(shape, dtype=torch.float64))
+        for prefix in ("base_", "delta_"):
+            self.register_buffer(prefix + "count", torch.zeros((), dtype=torch.float64), persistent=False)
+            self.register_buffer(prefix + "mean", torch.zeros(shape, dtype=torch.float64), persistent=False)
+            self.register_buffer(prefix + "m2", torch.zeros(shape, dtype=torch.float64), persistent=False)
+        self.tracks_rank_deltas = _in_multi_rank_job()
 
     @torch.no_grad()
     def update(self, batch: torch.Tensor) -> None:
@@ -31,15 +68,42 @@ class RunningMeanStd(torch.nn.Module):
             return
         batch_mean = batch.mean(0)
         batch_m2 = ((batch - batch_mean) ** 2).sum(0)
-        total = self.count + n
-        delta = batch_mean - self.mean
-        self.mean += delta * (n / total)
-        self.m2 += batch_m2 + delta ** 2 * (self.count * n / total)
-        self.count.copy_(total)
+        _fold(self.count, self.mean, self.m2, n, batch_mean, batch_m2)
+        if self.tracks_rank_deltas:
+            _fold(self.delta_count, self.delta_mean, self.delta_m2, n, batch_mean, batch_m2)
 
     def variance(self) -> torch.Tensor:
         """Population variance (1 before anything was seen)."""
         return torch.where(self.count > 0, self.m2 / self.count.clamp(min=1.0), torch.ones_like(self.m2))
+
+    # ------------------------------------------------------------------------------------- merging across ranks ----
+    def delta_vector(self) -> torch.Tensor:
+        """This rank's statistics since the last merge, flattened: ``[count, *mean, *m2]`` (``1 + 2 * prod(shape)``
+        float64 values on the statistics' device)."""
+        return torch.cat([self.delta_count.reshape(1), self.delta_mean.reshape(-1), self.delta_m2.reshape(-1)])
+
+    @torch.no_grad()
+    def fold_rank_deltas(self, deltas: Sequence[torch.Tensor]) -> None:
+        """Set the statistics to ``base`` with every rank's ``delta_vector()`` (``deltas``, in rank order) folded in;
+        the same inputs in the same order give the same numbers on every rank. Starts a new delta."""
+        count, mean, m2 = self.base_count.clone(), self.base_mean.clone(), self.base_m2.clone()
+        size = self.mean.numel()
+        for delta in deltas:
+            _fold(count, mean, m2, delta[0], delta[1:1 + size].view_as(mean), delta[1 + size:].view_as(m2))
+        self._set_base(count, mean, m2)
+
+    def _set_base(self, count: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor) -> None:
+        """The statistics and the merge base become ``(count, mean, m2)``; the delta restarts from nothing."""
+        for name, value in (("count", count), ("mean", mean), ("m2", m2)):
+            getattr(self, name).copy_(value)
+            getattr(self, "base_" + name).copy_(value)
+            getattr(self, "delta_" + name).zero_()
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        # Every rank loads the same checkpoint: the loaded statistics are the new merge base.
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        with torch.no_grad():
+            self._set_base(self.count.clone(), self.mean.clone(), self.m2.clone())
 
 
 @gin.configurable
@@ -47,7 +111,10 @@ class ObservationNormalizer(DataTransformer):
     """``(obs - mean) / sqrt(var + eps)``, clipped to ``[-clip_value, clip_value]`` (0: no clipping).
 
     Statistics are updated from the rollout (every collected time step, ``update_mode='rollout'``) or from each replay
-    sample (``'replay'``); evaluation and play only read them. Checkpointed with the model.
+    sample (``'replay'``); evaluation and play only read them. Checkpointed with the model. Under DDP the ranks' updates
+    are merged once per iteration, after the collection (module docstring): with ``'rollout'`` every rank's training
+    step then normalizes with the same statistics; with ``'replay'`` each rank's samples move its own copy until the
+    next merge.
     ``fields``: for dict observations, the keys to normalize (default: all); must be None for Box observations.
     """
 

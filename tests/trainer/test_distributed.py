@@ -1,6 +1,9 @@
 """Data-parallel training with torchrun on CPU (gloo, two processes): gradients equal a single process on the
 concatenated batch; SAC and PPO end with identical parameters on both ranks and only rank 0 writes; a killed rank
-ends the job quickly with the root cause; the parameter check names a differing parameter."""
+ends the job quickly with the root cause; the parameter check names a differing parameter.
+
+The confs use alfish's (ALF's) per-rank settings: ``num_parallel_environments`` and ``mini_batch_size`` are each
+rank's, ``num_env_steps`` and ``initial_collect_steps`` the job's totals."""
 import os
 import signal
 import subprocess
@@ -22,17 +25,17 @@ pytestmark = [pytest.mark.timeout(180), pytest.mark.distributed]
 
 SAC = """
 create_environment.env_name = 'alfish/PointGoal-v0'
-create_environment.num_parallel_environments = 2
+create_environment.num_parallel_environments = 1  # per rank: 2 envs over the job
 SacAlgorithm.hidden_sizes = (16,)
 TrainerConfig.algorithm_ctor = @SacAlgorithm
 Trainer.num_threads = 1
 TrainerConfig.random_seed = 3
 TrainerConfig.num_iterations = 60
 TrainerConfig.unroll_length = 1
-TrainerConfig.initial_collect_steps = 20
+TrainerConfig.initial_collect_steps = 20  # over the job: 10 steps of each rank's env
 TrainerConfig.whole_replay_buffer_training = False
 TrainerConfig.replay_buffer_length = 1000
-TrainerConfig.mini_batch_size = 16
+TrainerConfig.mini_batch_size = 8  # per rank: each update averages the gradients of 16 sequences
 TrainerConfig.mini_batch_length = 2
 TrainerConfig.summary_interval = 20
 TrainerConfig.evaluate = True
@@ -45,7 +48,7 @@ TrainerConfig.ddp_paras_check_interval = 10
 
 PPO = """
 create_environment.env_name = 'alfish/Chain-v0'
-create_environment.num_parallel_environments = 4
+create_environment.num_parallel_environments = 2  # per rank: 4 envs over the job
 PpoAlgorithm.hidden_sizes = (16,)
 TrainerConfig.algorithm_ctor = @PpoAlgorithm
 Trainer.num_threads = 1
@@ -55,7 +58,7 @@ TrainerConfig.unroll_length = 8
 TrainerConfig.whole_replay_buffer_training = True
 TrainerConfig.clear_replay_buffer = True
 TrainerConfig.replay_buffer_length = 16
-TrainerConfig.mini_batch_size = 8
+TrainerConfig.mini_batch_size = 4  # per rank: 8 sequences per update over the job
 TrainerConfig.mini_batch_length = 1
 TrainerConfig.num_updates_per_train_iter = 2
 TrainerConfig.summary_interval = 2

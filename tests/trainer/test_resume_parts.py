@@ -12,6 +12,7 @@ from alfish.algorithms.build import build_policy
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.config import TrainerConfig, load_conf
 from alfish.envs.spec import EnvSpec
+from alfish.learn.device import DevicePolicy
 from alfish.learn.learner import Learner
 from alfish.schedulers import update_progress
 from alfish.trainer.build import build_replay_buffer, build_trainer
@@ -89,7 +90,8 @@ def test_parts_built_from_a_spec_restore_to_the_run_that_wrote_the_checkpoint(tm
         spec = EnvSpec(observation_space, action_space, num_envs)
         transformer, algorithm = build_policy(config, spec)
         learner = Learner(algorithm)
-        replay = None if algorithm.on_policy else build_replay_buffer(config, spec, transformer)
+        cpu = torch.device("cpu")
+        replay = None if algorithm.on_policy else build_replay_buffer(config, spec, transformer, DevicePolicy(), cpu)
         counters, stats = Counters(), EpisodeStats(num_envs)
         torch.manual_seed(12345)  # anything: restore must bring back the checkpoint's RNG state
         restore(ckpt, algorithm=algorithm, transformer=transformer, learner=learner, counters=counters, stats=stats,
