@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from alfish.algorithms.base import Algorithm
+from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience, LossInfo
 from alfish.errors import NonFiniteLossError, OneLineValueError
 from alfish.learn.amp import AmpPolicy
@@ -235,14 +236,34 @@ def non_finite_gradients(params: list[nn.Parameter]) -> torch.Tensor:
     return (~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())).to(torch.float32)
 
 
+class LossWithTerms(nn.Module):
+    """The loss module with its named terms evaluated inside: compiled, they are outputs of the same graph (with CUDA
+    graphs, a closure evaluated later would read buffers that the next replay has overwritten)."""
+
+    def __init__(self, loss_module: nn.Module):
+        super().__init__()
+        self.loss_module = loss_module
+
+    def forward(self, batch: Experience) -> LossInfo:
+        loss_info = self.loss_module(batch)
+        return loss_info._replace(extra=loss_terms(loss_info))
+
+
 class CompiledLoss:
-    """``torch.compile(loss_module, mode=mode)``, falling back to the eager module (once, with a warning) when
-    compilation fails: a run must not die of an optimization."""
+    """``torch.compile`` of the loss module (its terms included), falling back to the eager module (once, with a
+    warning) when compilation fails: a run must not die of an optimization.
+
+    With ``'reduce-overhead'`` (CUDA graphs) the outputs live in the graph's static memory, which the next replay
+    overwrites; they are cloned (the loss keeps its autograd graph through the clone), since the guard and the
+    summaries keep them past the next update.
+    """
 
     def __init__(self, loss_module: nn.Module, mode: str, backend: str | Callable = "inductor"):
         self.eager, self.mode = loss_module, mode
+        self.cuda_graphs = mode == "reduce-overhead"
         try:
-            self.compiled: Optional[nn.Module] = torch.compile(loss_module, mode=None if mode == "default" else mode,
+            self.compiled: Optional[nn.Module] = torch.compile(LossWithTerms(loss_module),
+                                                               mode=None if mode == "default" else mode,
                                                                backend=backend)
         except RuntimeError as err:  # an unknown mode: a conf error, not a compiler failure
             raise OneLineValueError(f"Learner.compile_mode='{mode}': {str(err).splitlines()[0]} (or None: eager)"
@@ -251,9 +272,16 @@ class CompiledLoss:
     def __call__(self, batch: Experience) -> LossInfo:
         if self.compiled is not None:
             try:
-                return self.compiled(batch)
+                return self._run_compiled(batch)
             except Exception as err:  # noqa: BLE001  (any compiler failure: train eagerly instead)
                 logging.warning("Learner.compile_mode='%s': torch.compile failed (%s: %s); training eagerly",
                                 self.mode, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
                 self.compiled = None
         return self.eager(batch)
+
+    def _run_compiled(self, batch: Experience) -> LossInfo:
+        if not self.cuda_graphs:
+            return self.compiled(batch)
+        torch.compiler.cudagraph_mark_step_begin()  # a new update: the previous replay's outputs may be overwritten
+        out = self.compiled(batch)
+        return nest.map_nest(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out)

@@ -1,4 +1,9 @@
-"""Action distributions written out as the few formulas the algorithms need (no torch.distributions overhead)."""
+"""Action distributions written out as the few formulas the algorithms need (no torch.distributions overhead).
+
+Every function computes in float32 whatever its inputs' precision: under AMP the networks' outputs may be bf16/fp16,
+but log-probabilities, entropies and the samples' tanh correction must keep float32's precision (CPU autocast leaves
+``exp``/``softplus`` in the input's dtype). ``.float()`` of a float32 tensor is the tensor itself: no cost in fp32.
+"""
 from __future__ import annotations
 
 import math
@@ -12,12 +17,13 @@ HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 def gaussian_log_prob(x: torch.Tensor, mean: torch.Tensor, log_std: torch.Tensor) -> torch.Tensor:
     """Log density of a diagonal Gaussian, summed over the last dim: ``[N, D] -> [N]``."""
+    x, mean, log_std = x.float(), mean.float(), log_std.float()
     return (-0.5 * ((x - mean) * torch.exp(-log_std)) ** 2 - log_std - HALF_LOG_2PI).sum(-1)
 
 
 def gaussian_entropy(log_std: torch.Tensor) -> torch.Tensor:
     """Entropy of a diagonal Gaussian, summed over the last dim."""
-    return (log_std + 0.5 + HALF_LOG_2PI).sum(-1)
+    return (log_std.float() + 0.5 + HALF_LOG_2PI).sum(-1)
 
 
 def tanh_gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor, deterministic: bool = False
@@ -28,6 +34,7 @@ def tanh_gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor, deterministi
     same gradients as evaluating the density at ``u``, in fewer ops). The tanh correction
     ``log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u))`` is the numerically stable form.
     """
+    mean, log_std = mean.float(), log_std.float()
     if deterministic:
         u, gaussian = mean, -log_std
     else:
@@ -41,11 +48,11 @@ def tanh_gaussian_sample(mean: torch.Tensor, log_std: torch.Tensor, deterministi
 
 def categorical_log_prob(logits: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
     """``logits [N, K]``, ``action [N]`` int -> ``[N]``."""
-    return torch.log_softmax(logits, -1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
+    return torch.log_softmax(logits.float(), -1).gather(-1, action.unsqueeze(-1)).squeeze(-1)
 
 
 def categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
-    logp = torch.log_softmax(logits, -1)
+    logp = torch.log_softmax(logits.float(), -1)
     return -(logp.exp() * logp).sum(-1)
 
 

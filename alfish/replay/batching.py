@@ -8,6 +8,7 @@ from torch.utils import _pytree as pytree
 
 from alfish.data import nest
 from alfish.data.types import Experience
+from alfish.replay.transfer import host_to_device
 
 
 def to_time_major(exp: Experience) -> Experience:
@@ -48,7 +49,11 @@ class WholeBufferBatches:
         if self._full_batch is not None:
             yield self._full_batch
             return
+        # Drawn on the host (the seeded generator's stream), sent to the data's device once per epoch without waiting:
+        # indexing device data with a host index tensor would copy (and wait) once per mini-batch.
         order = torch.randperm(self.total, generator=self._generator)
+        if self._sequences:
+            order = host_to_device(order, self._sequences[0].device)
         for start in range(0, self.total, self.batch_size):
             yield self._batch(order[start:start + self.batch_size])
 
