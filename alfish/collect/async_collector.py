@@ -114,7 +114,8 @@ class AsyncCollector(Collector):
         """Make the current rollout parameters the child's from its next step on; returns their version."""
         self._before_publish()
         state = rollout_state(self._algorithm, self._transformer)
-        version = self.block.write(state, (progress.iterations, progress.env_steps, progress.fraction))
+        version = self.block.write(state, (progress.iterations, progress.env_steps, progress.fraction),
+                                   keep_waiting=self._child_alive)
         self.policy_lag.published(version, self._iteration)
         return version
 
@@ -167,6 +168,12 @@ class AsyncCollector(Collector):
             exp_numpy, version, env_step_s = item
             received.append(ReceivedStep(nest.map_nest(torch.from_numpy, exp_numpy), version, env_step_s))
         return received
+
+    def _child_alive(self) -> bool:
+        """True while the child runs; raises ``check_child``'s error once it has died (e.g. SIGKILLed holding the
+        parameter lock, which then stays locked)."""
+        self.check_child()
+        return True
 
     def check_child(self) -> None:
         """Raise ``AsyncUnrollError`` if the child reported an exception or is no longer running."""

@@ -75,11 +75,16 @@ class ParamBlock:
     def _view(self) -> np.ndarray:
         return np.ndarray((self.memory.size,), dtype=np.uint8, buffer=self.memory.buf)
 
-    def write(self, tensors: dict[str, torch.Tensor], progress: tuple[float, float, float]) -> int:
-        """Publish ``tensors`` as the next version; returns it."""
+    def write(self, tensors: dict[str, torch.Tensor], progress: tuple[float, float, float],
+              keep_waiting: Callable[[], bool] = lambda: True) -> int:
+        """Publish ``tensors`` as the next version; returns it. While the lock is held by the reader, ``keep_waiting``
+        is asked every ``POLL_S`` (it may raise: a reader killed while holding the lock never releases it)."""
         view = self._view()
-        if not self.shared.lock.acquire(timeout=LOCK_TIMEOUT_S):
-            raise AsyncUnrollError(f"could not publish parameters: the shared lock was held for {LOCK_TIMEOUT_S} s")
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while not self.shared.lock.acquire(timeout=POLL_S):
+            if not keep_waiting() or time.monotonic() > deadline:
+                raise AsyncUnrollError(f"could not publish parameters: the shared lock was held for "
+                                       f"{LOCK_TIMEOUT_S} s")
         try:
             for name, offset, nbytes in self.layout:
                 flat = tensors[name].detach().contiguous().reshape(-1).view(torch.uint8)
