@@ -151,7 +151,7 @@ def test_unroll_length_zero_trains_on_whatever_arrived_without_waiting(tmp_path)
     conf = SAC_POINT_GOAL + ASYNC + """
 TrainerConfig.unroll_length = 0
 TrainerConfig.max_unroll_length = 2
-TrainerConfig.unroll_step_interval = 0.01
+TrainerConfig.unroll_step_interval = 0.05
 TrainerConfig.num_iterations = 300
 TrainerConfig.num_env_steps = 0
 TrainerConfig.summary_interval = 1
@@ -161,6 +161,8 @@ TrainerConfig.evaluate = False
     received = [v for _, v in tb_scalars(root)["async/steps_received"]]
     env_steps = [v for _, v in tb_scalars(root)["train/env_steps"]]
     assert len(received) == 300
-    assert min(received) == 0.0  # iterations that trained although nothing had arrived
+    # iterations that trained although nothing had arrived (a step every 50 ms: several iterations fit in between even
+    # on a loaded 2-core machine)
+    assert min(received) == 0.0
     assert max(received) <= 2.0  # max_unroll_length
     assert env_steps[-1] == 100 + sum(received)  # the 100 warm-up steps, then what each iteration took
