@@ -12,6 +12,7 @@ hundred small tensors) so the message can name the terms of the first bad update
 """
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 import torch
@@ -53,6 +54,13 @@ class NonFiniteGuard:
         self._first_loss = torch.where(latch, loss.detach().float(), self._first_loss)
         self._pending.append((update_index, loss_info, weights))
         return bad.to(torch.float32)
+
+    def check_value(self, loss: float, loss_info: LossInfo, weights: torch.Tensor | None, update_index: int) -> None:
+        """The check of a loss already read on the host (the CPU path with ``check_interval`` 1, where reading
+        costs nothing and the latch's tensor ops would cost more): raise ``NonFiniteLossError`` if it is not finite,
+        before the update changes anything."""
+        if not math.isfinite(loss):
+            raise NonFiniteLossError(self._message(update_index, loss, loss_info, weights))
 
     def check(self) -> None:
         """Raise ``NonFiniteLossError`` if any update since the last check had a non-finite loss (one host sync);

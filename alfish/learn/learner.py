@@ -100,6 +100,10 @@ class Learner:
         if finite_check_interval is None:
             finite_check_interval = 1 if self.device.type == "cpu" else 100
         self.finite_guard = NonFiniteGuard(finite_check_interval, loss_terms)
+        # On a single-process CPU run checked every update, reading the loss costs one float() where the device latch
+        # costs ~8 tensor ops per update. (Under DDP all ranks must skip a bad update together: the latch path.)
+        self._read_loss_every_update = (finite_check_interval == 1 and self.device.type == "cpu"
+                                        and not self.dist.enabled)
         self._last_loss: LossInfo | None = None  # with .loss the detached weighted mean (0-d)
         self._last_grad_norm: torch.Tensor | None = None
 
@@ -146,9 +150,13 @@ class Learner:
         """Weighted mean of the per-sample loss ``[..., B]``, guard, backward, (all-reduce), clip, step."""
         weights = batch_info.importance_weights if batch_info is not None else None
         loss = self._weighted_mean(loss_info.loss, weights)
-        skip = self.finite_guard.observe(loss, loss_info, weights, self.num_updates)
-        if (self.num_updates + 1) % self.finite_guard.check_interval == 0:
-            self.check_finite()  # a read due now comes before this update changes anything
+        if self._read_loss_every_update:  # the CPU default: read the loss itself (free there), no latch to keep
+            self.finite_guard.check_value(float(loss.detach()), loss_info, weights, self.num_updates)
+            skip = None
+        else:
+            skip = self.finite_guard.observe(loss, loss_info, weights, self.num_updates)
+            if (self.num_updates + 1) % self.finite_guard.check_interval == 0:
+                self.check_finite()  # a read due now comes before this update changes anything
         self.optimizer.zero_grad(set_to_none=True)
         self.amp.backward(loss)
         if allreduce:

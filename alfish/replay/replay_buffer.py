@@ -41,6 +41,7 @@ class ReplayBuffer:
         self._storage = storage
         self._sampler = sampler
         self._stager = BatchStager(storage.device if device is None else device)
+        self._steps = torch.arange(0)  # 0, ..., L - 1 for the last sequence length sampled (made once per L)
         sampler.attach(storage)
 
     @property
@@ -99,7 +100,10 @@ class ReplayBuffer:
         enough steps are stored.
         """
         info = self._sampler.sample(self._storage, batch_size, length)
-        index = info.positions.unsqueeze(1) + torch.arange(length, device=info.positions.device)
+        steps = self._steps
+        if steps.numel() != length or steps.device != info.positions.device:
+            steps = self._steps = torch.arange(length, device=info.positions.device)
+        index = info.positions.unsqueeze(1) + steps  # [B, L] absolute indices
         exp = self._stager.gather(self._storage, info.env_ids, index)
         return self.to_device(exp, info) if on_device else (exp, info)
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from alfish.data import nest
 from alfish.data.types import Experience, StepType
 from alfish.replay.transfer import canonical_device, host_to_device
 
@@ -40,6 +41,10 @@ class RingBuffer:
         self.capacity = capacity
         self.device = canonical_device(device)
         self._storage: list[torch.Tensor] | None = None  # one [num_envs, capacity, ...] tensor per leaf
+        # Views [num_envs * capacity, ...] of the leaves of the list ``_rows_of`` (== _storage while valid): gather
+        # reads through them, and making a view costs more than the index_select of a small batch.
+        self._rows: list[torch.Tensor] = []
+        self._rows_of: list[torch.Tensor] | None = None
         self._spec: Any = None  # the Experience structure of the leaves
         self._lockstep: int | None = 0  # common write count while all envs are written together
         self._write_count = torch.zeros(num_envs, dtype=torch.int64)
@@ -63,23 +68,28 @@ class RingBuffer:
     def _add(self, exp: Experience) -> None:
         env_ids = exp.env_id
         # env_id is not stored: it is the ring's own index (8 bytes per step saved); gather puts it back.
-        leaves, spec = pytree.tree_flatten(exp._replace(env_id=()))
+        stored = exp._replace(env_id=())
+        leaves = nest.flatten(stored)  # (pytree's leaf order, without pytree's per-call cost)
         if self._storage is None:
-            self._spec = spec
+            self._spec = pytree.tree_structure(stored)
             self._storage = [self._allocate((self.num_envs, self.capacity) + tuple(x.shape[1:]), x.dtype)
                              for x in leaves]
         if self._lockstep is not None and torch.equal(env_ids, self._all_envs):
             # Every env written at once, in order (the synchronous case): one slice write per leaf, no index tensors.
             slot = self._lockstep % self.capacity
+            on_host = self.device.type == "cpu"
             for store, x in zip(self._storage, leaves):
-                store[:, slot] = host_to_device(x, self.device)
+                store.select(1, slot).copy_(x if on_host else host_to_device(x, self.device))
             self._lockstep += 1
             self._max_stored = min(self._lockstep - self._min_floor, self.capacity)  # all write counts are equal
-        else:
-            self._lockstep = None
-            flat = host_to_device(env_ids * self.capacity + self._write_count[env_ids] % self.capacity, self.device)
-            for store, x in zip(self._storage, leaves):
-                store.view((-1,) + store.shape[2:])[flat] = host_to_device(x, self.device)
+            if self._episode_end is not None:
+                self._track_episodes(env_ids, exp.step_type)
+            self._write_count += 1  # (every env, in place: cheaper than an indexed add)
+            return
+        self._lockstep = None
+        flat = host_to_device(env_ids * self.capacity + self._write_count[env_ids] % self.capacity, self.device)
+        for store, x in zip(self._storage, leaves):
+            store.view((-1,) + store.shape[2:])[flat] = host_to_device(x, self.device)
         if self._episode_end is not None:
             self._track_episodes(env_ids, exp.step_type)
         self._write_count[env_ids] += 1
@@ -178,15 +188,18 @@ class RingBuffer:
         flat = rows * self.capacity + index % self.capacity  # [N, M]: row of the [num_envs * capacity, ...] view
         on_storage = host_to_device(flat, self.device)
         flat_1d = on_storage.reshape(-1)
+        if self._rows_of is not self._storage:
+            self._rows = [store.view((-1,) + tuple(store.shape[2:])) for store in self._storage]
+            self._rows_of = self._storage
+        shape = tuple(index.shape)
         leaves = []
-        for i, store in enumerate(self._storage):
-            tail = store.shape[2:]
-            rows_of_store = store.view((-1,) + tail)
+        for i, rows_of_store in enumerate(self._rows):
             if out is None:
                 gathered = rows_of_store.index_select(0, flat_1d)
             else:
-                gathered = torch.index_select(rows_of_store, 0, flat_1d, out=out[i].view((-1,) + tail))
-            leaves.append(gathered.view(index.shape + tail))
+                gathered = torch.index_select(rows_of_store, 0, flat_1d,
+                                              out=out[i].view((-1,) + tuple(rows_of_store.shape[1:])))
+            leaves.append(gathered.unflatten(0, shape))
         exp: Experience = pytree.tree_unflatten(leaves, self._spec)
         env_id = rows.expand_as(index) if rows.device == self.device else on_storage // self.capacity
         return exp._replace(env_id=env_id)

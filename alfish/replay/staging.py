@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience
 from alfish.replay.ring_buffer import RingBuffer
 from alfish.replay.transfer import canonical_device
@@ -88,7 +89,7 @@ class BatchStager:
         rows = index.numel()
         out = [staging.buffer(("gather", i), (rows,) + shape, dtype) for i, (shape, dtype) in enumerate(layout)]
         exp = storage.gather_at(env_ids, index, out=out)
-        staging.gathered = pytree.tree_leaves(exp._replace(env_id=()))  # (env_id is computed, not gathered)
+        staging.gathered = nest.flatten(exp._replace(env_id=()))  # (env_id is computed, not gathered)
         return exp
 
     def to_device(self, exp: Experience, batch_info: BatchInfo) -> tuple[Experience, BatchInfo]:
@@ -97,13 +98,14 @@ class BatchStager:
         ``update_priorities``). Host leaves go through the pinned buffers of the set ``gather`` filled (or the next
         one), one ``non_blocking`` copy each, and an event is recorded behind the copies. Returns the inputs
         themselves when everything already is on ``device``."""
-        leaves, spec = pytree.tree_flatten(exp)
+        leaves = nest.flatten(exp)  # (pytree's order; the structure is built only when something moved)
         weights = batch_info.importance_weights
         staging, self._claimed = self._claimed, None
         copied = False
         moved = []
+        device = self.device
         for i, x in enumerate(leaves + [weights]):
-            if not isinstance(x, torch.Tensor) or x.device == self.device:
+            if not isinstance(x, torch.Tensor) or x.device == device:
                 moved.append(x)
                 continue
             if self.active and x.device.type == "cpu":
@@ -120,5 +122,5 @@ class BatchStager:
             staging.event.record(torch.cuda.current_stream(self.device))
         if all(m is x for m, x in zip(moved, leaves + [weights])):
             return exp, batch_info
-        out_exp = pytree.tree_unflatten(moved[:-1], spec)
+        out_exp = pytree.tree_unflatten(moved[:-1], pytree.tree_structure(exp))
         return out_exp, batch_info._replace(importance_weights=moved[-1])

@@ -1,9 +1,12 @@
 """alfish against Stable-Baselines3 in the same run, at the same hyperparameters.
 
-    python tools/bench/bench_vs_sb3.py [--algos sac ppo] [--repeats 3] [--learn]
+    python tools/bench/bench_vs_sb3.py [--algos sac td3 ...] [--repeats 3] [--threads 0 1] [--learn]
 
 Throughput: each framework trains ``--throughput_steps`` env steps without evaluation, in a fresh process, alternating
-alfish/SB3 ``--repeats`` times; the median env steps/s and the ratio alfish/SB3 are printed.
+alfish/SB3 ``--repeats`` times; the median env steps/s and the ratio alfish/SB3 are printed, once per thread setting
+of ``--threads``: 0 = each framework at its default (alfish: the conf's ``Trainer.num_threads``, ``'auto'`` unless a
+conf pins it; SB3: torch's default, one thread per core), N = both at N torch threads. A markdown table of every
+(algorithm, setting) closes the output.
 Learning (``--learn``): one full run each with a deterministic 5-episode evaluation every ``eval_every`` env steps:
 wall-clock to the first evaluation at or above the threshold, and the final evaluation return.
   * SAC on Pendulum-v1 at RL Zoo's hyperparameters (lr 1e-3, batch 256, 256x256, 1 gradient step per env step),
@@ -35,6 +38,8 @@ SPEC = {
     "ddpg": dict(throughput_steps=3000, learn_steps=20000, eval_every=1000, threshold=-200.0),
     "dqn": dict(throughput_steps=10240, learn_steps=50000, eval_every=5120, threshold=475.0),
     "dqn_noper": dict(throughput_steps=10240, learn_steps=50000, eval_every=5120, threshold=475.0),
+    # A2C on CartPole-v1 (confs/a2c_cartpole.gin: 8 envs, 8 steps per update, Adam on both sides)
+    "a2c": dict(throughput_steps=40960, learn_steps=300000, eval_every=20480, threshold=475.0),
 }
 
 
@@ -70,31 +75,36 @@ def returns_at_equal_env_steps(alfish: list, sb3: list) -> list[tuple[int, float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--algos", nargs="+", default=["sac", "ppo"], choices=list(SPEC),
-                        help="sac ppo (issue 2); td3 ddpg dqn dqn_noper (issue 3: DQN with/without PER vs SB3's DQN)")
+    parser.add_argument("--algos", nargs="+", default=list(SPEC), choices=list(SPEC),
+                        help="dqn: with prioritized replay (SB3's DQN has none); dqn_noper: uniform replay")
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per framework (0: skip)")
     parser.add_argument("--learn", action="store_true", help="also run the full learning comparison")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[0],
+                        help="thread settings to measure: 0 = each framework's default, N = both at N threads; "
+                             "--learn uses the first")
     args = parser.parse_args()
-    summary = {}
+    summary, rows = {}, []
     for algo in args.algos:
         spec = SPEC[algo]
-        rates = {"alfish": [], "sb3": []}
         summary[algo] = {}
-        for _ in range(args.repeats):
-            for fw in ("alfish", "sb3"):
-                r = run(fw, algo, spec["throughput_steps"], threads=args.threads)
-                rates[fw].append(r["steps"] / r["learn_s"])
-        if args.repeats > 0:
+        for threads in args.threads if args.repeats > 0 else []:
+            rates = {"alfish": [], "sb3": []}
+            for _ in range(args.repeats):
+                for fw in ("alfish", "sb3"):
+                    r = run(fw, algo, spec["throughput_steps"], threads=threads)
+                    rates[fw].append(r["steps"] / r["learn_s"])
             med = {fw: statistics.median(v) for fw, v in rates.items()}
-            print(f"[{algo}] env steps/s over {spec['throughput_steps']} steps, median of {args.repeats}: "
-                  f"alfish {med['alfish']:.0f}  sb3 {med['sb3']:.0f}  ratio alfish/sb3 "
+            setting = "default threads" if threads == 0 else f"{threads} thread{'s' if threads > 1 else ''} each"
+            print(f"[{algo}, {setting}] env steps/s over {spec['throughput_steps']} steps, median of "
+                  f"{args.repeats}: alfish {med['alfish']:.0f}  sb3 {med['sb3']:.0f}  ratio alfish/sb3 "
                   f"{med['alfish'] / med['sb3']:.2f}  (all: alfish {[round(x) for x in rates['alfish']]}, "
                   f"sb3 {[round(x) for x in rates['sb3']]})", flush=True)
-            summary[algo] = dict(steps_per_s=med, ratio=med["alfish"] / med["sb3"])
+            summary[algo][setting] = dict(steps_per_s=med, ratio=med["alfish"] / med["sb3"])
+            rows.append(f"| {algo} | {setting} | {med['alfish']:.0f} | {med['sb3']:.0f} | "
+                        f"{med['alfish'] / med['sb3']:.2f} |")
         if args.learn:
             setting = "tuned"
-            res = {fw: run(fw, algo, spec["learn_steps"], setting, spec["eval_every"], args.threads)
+            res = {fw: run(fw, algo, spec["learn_steps"], setting, spec["eval_every"], args.threads[0])
                    for fw in ("alfish", "sb3")}
             for fw, r in res.items():
                 ttt = time_to_threshold(r["evals"], spec["threshold"])
@@ -116,10 +126,14 @@ def main() -> None:
             a, b = summary[algo]["alfish_time_to_threshold_s"], summary[algo]["sb3_time_to_threshold_s"]
             if a is not None and b is not None:
                 print(f"[{algo}] wall-clock to threshold, alfish/sb3: {a / b:.2f}", flush=True)
+    if rows:
+        print("\n| algorithm | threads | alfish env steps/s | SB3 env steps/s | alfish / SB3 |\n"
+              "|---|---|---:|---:|---:|")
+        print("\n".join(rows), flush=True)
     if "sac" in args.algos:
         cmd = [sys.executable, os.path.join(HERE, "sac_update_floor.py")]
-        if args.threads:
-            cmd += ["--threads", str(args.threads)]
+        if args.threads[0]:
+            cmd += ["--threads", str(args.threads[0])]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         print(out.stdout.splitlines()[0] if out.returncode == 0 else out.stderr[-2000:], flush=True)
     print("SUMMARY " + json.dumps(summary))

@@ -3,8 +3,10 @@
 Used by bench_vs_sb3.py, which starts each job in a fresh process so the frameworks never share a process, threads
 or warm caches. Only the learning call is timed (imports and model construction are not).
 
-    python tools/bench/run_one.py --framework alfish|sb3 --algo sac|ppo --setting identical|tuned \
+    python tools/bench/run_one.py --framework alfish|sb3 --algo sac|ppo|... --setting identical|tuned \
         --steps N [--eval_every E] [--seed S] [--threads T]
+
+``make_alfish`` / ``make_sb3`` build a job without running it (``profile_step.py`` instruments them first).
 """
 from __future__ import annotations
 
@@ -17,15 +19,17 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFS = {"sac": "confs/sac_pendulum.gin", "ppo": "confs/ppo_cartpole.gin", "td3": "confs/td3_pendulum.gin",
-         "ddpg": "confs/ddpg_pendulum.gin", "dqn": "confs/dqn_cartpole.gin", "dqn_noper": "confs/dqn_cartpole.gin"}
+         "ddpg": "confs/ddpg_pendulum.gin", "dqn": "confs/dqn_cartpole.gin", "dqn_noper": "confs/dqn_cartpole.gin",
+         "a2c": "confs/a2c_cartpole.gin"}
 ENVS = {"sac": "Pendulum-v1", "ppo": "CartPole-v1", "td3": "Pendulum-v1", "ddpg": "Pendulum-v1",
-        "dqn": "CartPole-v1", "dqn_noper": "CartPole-v1"}
+        "dqn": "CartPole-v1", "dqn_noper": "CartPole-v1", "a2c": "CartPole-v1"}
 EXTRA_PARAMS = {"dqn_noper": ["TrainerConfig.priority_replay=False"]}
 EVAL_EPISODES = 5
-ENV_STEPS_PER_ITERATION = {"ppo": 8 * 32, "dqn": 256, "dqn_noper": 256}  # as in the confs
+ENV_STEPS_PER_ITERATION = {"ppo": 8 * 32, "dqn": 256, "dqn_noper": 256, "a2c": 8 * 8}  # as in the confs
 
 
-def run_alfish(args: argparse.Namespace) -> dict:
+def make_alfish(args: argparse.Namespace):
+    """The alfish trainer of ``args`` (built, not run) and its results directory."""
     from alfish.config import TrainerConfig, load_conf
     from alfish.trainer.build import build_trainer
 
@@ -44,7 +48,11 @@ def run_alfish(args: argparse.Namespace) -> dict:
         params.append(f"Trainer.num_threads={args.threads}")
     params += EXTRA_PARAMS.get(args.algo, [])
     load_conf(os.path.join(REPO, CONFS[args.algo]), params)
-    trainer = build_trainer(TrainerConfig(root_dir=root))
+    return build_trainer(TrainerConfig(root_dir=root)), root
+
+
+def run_alfish(args: argparse.Namespace) -> dict:
+    trainer, root = make_alfish(args)
     start = time.perf_counter()
     trainer.run()
     learn_s = time.perf_counter() - start
@@ -58,7 +66,8 @@ def run_alfish(args: argparse.Namespace) -> dict:
     return dict(steps=trainer.counters.env_steps, learn_s=learn_s, evals=evals)
 
 
-def run_sb3(args: argparse.Namespace) -> dict:
+def make_sb3(args: argparse.Namespace):
+    """The Stable-Baselines3 model of ``args`` (built, not trained) and its evaluation callback."""
     import torch
     from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.callbacks import BaseCallback
@@ -106,6 +115,13 @@ def run_sb3(args: argparse.Namespace) -> dict:
         model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, buffer_size=100_000,
                     learning_starts=100, tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1,
                     policy_kwargs=dict(net_arch=[256, 256]), seed=args.seed, verbose=0, device="cpu")
+    elif args.algo == "a2c":  # confs/a2c_cartpole.gin: Adam (SB3's default is RMSprop), GAE lambda 1, no advantage
+        from stable_baselines3 import A2C  # normalization, grad-norm clip 0.5, 64x64 tanh (SB3's default net)
+
+        env = make_vec_env("CartPole-v1", n_envs=8, seed=args.seed)
+        model = A2C("MlpPolicy", env, n_steps=8, learning_rate=1e-3, gamma=0.99, gae_lambda=1.0, ent_coef=0.0,
+                    vf_coef=0.5, max_grad_norm=0.5, use_rms_prop=False, normalize_advantage=False, seed=args.seed,
+                    verbose=0, device="cpu")
     else:
         env = make_vec_env("CartPole-v1", n_envs=8, seed=args.seed)
         if args.setting == "tuned":  # RL Zoo's ppo.yml CartPole-v1 entry, linear schedules included
@@ -116,7 +132,11 @@ def run_sb3(args: argparse.Namespace) -> dict:
                     ent_coef=0.0, learning_rate=lr, clip_range=clip, seed=args.seed, verbose=0, device="cpu")
     import gymnasium as gym
 
-    callback = TimedEval(gym.make(ENVS[args.algo]), args.eval_every)
+    return model, TimedEval(gym.make(ENVS[args.algo]), args.eval_every)
+
+
+def run_sb3(args: argparse.Namespace) -> dict:
+    model, callback = make_sb3(args)
     start = time.perf_counter()
     model.learn(total_timesteps=args.steps, callback=callback)
     return dict(steps=int(model.num_timesteps), learn_s=time.perf_counter() - start, evals=callback.records)
