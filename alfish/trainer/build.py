@@ -28,6 +28,7 @@ from alfish.learn.device import CPU, DevicePolicy
 from alfish.learn.distributed import DistContext, broadcast_object, init_distributed, log_job_totals
 from alfish.learn.learner import Learner
 from alfish.learn.optim import OptimizerConfig
+from alfish.learn.threads import AUTO, set_threads
 from alfish.replay.prioritized import PrioritizedSampler
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.samplers import UniformSampler
@@ -49,8 +50,8 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None) -
     """The parts of the run ``config`` describes, assembled; ``options`` default to the gin-bound ``Trainer.*``."""
     options = options or RunOptions()
     check_combinations(config, options, _declared_on_policy(config))
-    if options.num_threads is not None:
-        torch.set_num_threads(options.num_threads)
+    if options.num_threads != AUTO:  # ('auto' needs the networks: set once they are built)
+        set_threads(options.num_threads, torch.nn.Module(), 0)
     devices = DevicePolicy()
     device = devices.training_device()
     dist = init_distributed(device)
@@ -77,6 +78,8 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
     spec = collector.spec
     transformer, algorithm = build_policy(config, spec)
     check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
+    if options.num_threads == AUTO:
+        set_threads(AUTO, algorithm, training_batch_rows(config, spec.num_envs, algorithm.on_policy))
     if options.random_warm_up_actions:
         check_random_actions_storable(algorithm, transformer, spec)
     total_envs = spec.num_envs * dist.world_size  # num_parallel_environments and mini_batch_size are per rank
@@ -208,3 +211,13 @@ def _choose_seed(config: TrainerConfig, resume_from: Optional[LoadedCheckpoint])
     seed = int.from_bytes(os.urandom(4), "little") % (2**31 - 1)
     logging.info("TrainerConfig.random_seed is None; using random seed %d", seed)
     return seed
+
+
+def training_batch_rows(config: TrainerConfig, num_envs: int, on_policy: bool) -> int:
+    """Rows a network sees in one training forward pass (what ``Trainer.num_threads='auto'`` sizes threads by): the
+    unroll for on-policy training, else a mini-batch's transitions (``mini_batch_size x (mini_batch_length - 1)``;
+    the whole buffer when no mini-batch size is set)."""
+    whole_unroll = num_envs * max(1, config.unroll_length)
+    if on_policy or not config.mini_batch_size:
+        return whole_unroll
+    return config.mini_batch_size * max(1, (config.mini_batch_length or 1) - 1)

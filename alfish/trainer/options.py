@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Union
 
 import gin
+
+from alfish.learn.threads import check_setting
 
 
 @gin.configurable("Trainer")
@@ -13,7 +15,9 @@ class RunOptions:
     """save_replay_buffer: store the replay buffer (as tensors, full capacity) in checkpoints, so a resumed run
     continues with the same data; set False to keep checkpoints small (a resume then refills one mini-batch of fresh
     steps).
-    num_threads: torch intra-op threads (``None``: torch's default).
+    num_threads: torch intra-op threads: ``'auto'`` (the default: one thread for small networks, else the free cores
+    of this machine shared by its ranks; the rule and its measurements are in ``alfish/learn/threads.py``), a
+    positive int, or ``None`` (torch's default: one per core, whatever else runs).
     progress_log_interval_s: seconds between progress lines when stderr is not a terminal.
     random_warm_up_actions: collect the ``initial_collect_steps`` with uniformly random actions instead of the
     untrained policy's (as the TD3 paper and SB3's ``learning_starts`` do; ALF uses the policy, the default here).
@@ -21,6 +25,9 @@ class RunOptions:
     """
 
     save_replay_buffer: bool = True
-    num_threads: Optional[int] = None
+    num_threads: Union[int, str, None] = "auto"
     progress_log_interval_s: float = 10.0
     random_warm_up_actions: bool = False
+
+    def __post_init__(self) -> None:
+        check_setting(self.num_threads)
