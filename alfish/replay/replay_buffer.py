@@ -43,6 +43,7 @@ class ReplayBuffer:
         self._stager = BatchStager(storage.device if device is None else device)
         self._steps = torch.arange(0)  # 0, ..., L - 1 for the last sequence length sampled (made once per L)
         sampler.attach(storage)
+        self._sampler_tracks_adds = type(sampler).on_add is not Sampler.on_add  # (else on_add does nothing)
 
     @property
     def device(self) -> torch.device:
@@ -72,8 +73,11 @@ class ReplayBuffer:
         """Append one step per env: leaves ``[B, ...]``; ``exp.env_id`` ``[B]`` (unique, CPU) says which ring."""
         # Bookkeeping must be ordinary tensors even when rollouts run under torch.inference_mode (as the storage).
         with torch.inference_mode(False):
+            if not self._sampler_tracks_adds:  # (the uniform sampler: skip reading the write counts)
+                self._storage.add(exp)
+                return
             env_ids = exp.env_id
-            counts_before = self._storage.write_count()[env_ids]  # the absolute indices this add writes
+            counts_before = self._storage.write_count().index_select(0, env_ids)  # the absolute indices written
             self._storage.add(exp)
             self._sampler.on_add(self._storage, env_ids, counts_before)
 
