@@ -51,19 +51,33 @@ of starts overwritten since they were sampled are masks (no ``nonzero``), and pr
 * trees on the device fit a storage on that device: indices come out on the device and nothing crosses to the host.
   Transformers that read the buffer at sample time need host indices: use host trees with them. (With a host
   storage the gather would read the device indices back: a sync per sample.)
+
+Host trees run on numpy. With the trees on the CPU, ``sample``, ``update_priorities``, ``on_add`` and the refresh of
+dirty leaves work on numpy arrays that share memory with the tensors (the trees' nodes, ``_assigned``, the max
+priority; see ``segment_tree``'s module docstring), and convert the tensors they are given to numpy views
+(``segment_tree.host_view``: CPU tensors only, so never a device sync). The reason is call overhead: on the CPU a
+torch call costs a few microseconds whatever its size at these sizes, a numpy call about a third of that, and an
+operation on 256 sequences is tens of calls, so this makes ``sample`` and ``update_priorities`` several times faster
+(``tools/bench/bench_prioritized.py``). The arithmetic is that of the torch path, step for step, so a seeded run draws
+exactly the same batches and stores exactly the same priorities on either: the draws are the same generator call
+(``torch.rand`` into a buffer numpy reads), and the powers (``** alpha``, ``** -beta``) stay torch calls on buffers
+shared with numpy, because torch's vectorized ``pow`` and numpy's do not round alike. What the state is does not
+change: ``state_dict`` / ``load_state_dict`` read and write the same tensors, the count of invalid priorities is a
+Python int read back as a 0-d tensor, and a sampler on any other device (CUDA, meta) runs the torch code.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from alfish.data.types import BatchInfo
 from alfish.replay.deferred_priorities import DeferredPriorities
 from alfish.replay.ring_buffer import RingBuffer
 from alfish.replay.samplers import Sampler, check_length, too_few_steps
-from alfish.replay.segment_tree import MinTree, SumTree
+from alfish.replay.segment_tree import MinTree, SumTree, host_array, host_view
 from alfish.replay.transfer import canonical_device, host_to_device
 
 Schedule = float | Callable[[], float]  # a number, or a schedule (alfish.schedulers) called for its value
@@ -72,6 +86,25 @@ Schedule = float | Callable[[], float]  # a number, or a schedule (alfish.schedu
 def _value(schedule: Schedule) -> float:
     """A float, or the current value of a schedule (``alfish.schedulers``: a zero-argument callable)."""
     return schedule() if callable(schedule) else schedule
+
+
+class _HostBuffers:
+    """Buffers of the host path for batches of ``num`` entries. The ``*_t`` tensors share memory with the numpy
+    arrays of the same name: torch calls (the generator's draws, ``pow``) write into or read from them and numpy
+    reads or writes the other side, without a conversion per call."""
+
+    def __init__(self, num: int):
+        self.strata = np.arange(num, dtype=np.float64)  # the index of each draw's segment of [0, total)
+        self.rank_bits = num.bit_length()  # ranks 0..num fit in this many low bits of a sort key
+        self.ranks = np.arange(1, num + 1, dtype=np.int64)  # entry number + 1 (see ``_apply_host``)
+        self.targets = np.empty(num, dtype=np.float64)
+        self.draws = np.empty(num, dtype=np.float64)  # uniform draws in [0, 1)
+        self.ratios = np.empty(num, dtype=np.float64)  # bases of the importance weights' power
+        self.weights = np.empty(num, dtype=np.float64)
+        self.bases = np.empty(num, dtype=np.float32)  # priority + eps
+        self.stored = np.empty(num, dtype=np.float32)  # (priority + eps) ** alpha
+        self.draws_t, self.ratios_t, self.weights_t, self.bases_t, self.stored_t = (
+            torch.from_numpy(x) for x in (self.draws, self.ratios, self.weights, self.bases, self.stored))
 
 
 class PrioritizedSampler(Sampler):
@@ -123,13 +156,24 @@ class PrioritizedSampler(Sampler):
         self._sum = SumTree(size, device=self.device)
         self._min = MinTree(size, device=self.device) if normalize_by_max and max_over == "buffer" else None
         self._assigned = torch.zeros(size, dtype=torch.float32, device=self.device)
-        self._max_priority = torch.tensor(float(initial_priority), dtype=torch.float32, device=self.device)
-        self._dirty: list[torch.Tensor] = []  # CPU leaves whose tree values await a refresh (from on_add)
+        # CPU leaves whose tree values await a refresh (from on_add): tensors, numpy arrays for host trees.
+        self._dirty: list[torch.Tensor] | list[np.ndarray] = []
         self._deferred = DeferredPriorities()  # device priorities on their way to host trees
         # Priorities seen by updates, and those finite and >= 0 among them (see ``invalid_priorities``).
         self._num_seen = 0
-        self._num_ok = torch.zeros((), dtype=torch.int64, device=self.device)
-        self._rank_cache = torch.zeros(0, dtype=torch.int64, device=self.device)
+        self._on_host = self._sum.on_host  # numpy hot paths: the trees are on the CPU (see the module docstring)
+        if self._on_host:
+            self._assigned_np = host_view(self._assigned)  # the same memory
+            self._max_np = np.array(float(initial_priority), dtype=np.float32)  # 0-d, updated in place
+            self._max_priority = torch.from_numpy(self._max_np)  # the same memory
+            self._num_ok_host = 0
+            self._host_buffers: dict[int, _HostBuffers] = {}
+            self._ring_tensors: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)  # see ``_ring_views``
+            self._ring_arrays: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+        else:
+            self._max_priority = torch.tensor(float(initial_priority), dtype=torch.float32, device=self.device)
+            self._num_ok = torch.zeros((), dtype=torch.int64, device=self.device)
+            self._rank_cache = torch.zeros(0, dtype=torch.int64, device=self.device)
 
     # ----------------------------------------------------------------------------------------------- bookkeeping --
     def _leaves(self, env_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -157,6 +201,10 @@ class PrioritizedSampler(Sampler):
         ``write_count`` and ``oldest`` ``[num_envs]`` are the ring's now, on ``device`` (``_counters``). Duplicates are
         harmless: every copy of a leaf gets the same value (so their order does not matter either).
         """
+        if self._on_host:
+            self._refresh_host(host_array(write_count, torch.int64), host_array(oldest, torch.int64),
+                               *(host_array(x, torch.int64) for x in leaves))
+            return
         pending, self._dirty = self._dirty + list(leaves), []
         if not pending:
             return
@@ -174,6 +222,67 @@ class PrioritizedSampler(Sampler):
 
     def _num_drawable(self, write_count: torch.Tensor, oldest: torch.Tensor) -> torch.Tensor:
         return (write_count - self.sequence_length + 1 - oldest).clamp(min=0).sum()
+
+    # ------------------------------------------------------------------------- bookkeeping, host trees (numpy) --
+    def _ring_views(self, storage: RingBuffer) -> tuple[np.ndarray, np.ndarray]:
+        """Numpy views of the ring's own CPU counters ``_write_count`` and ``_floor`` ``[num_envs]`` (no copy; live:
+        the ring updates them in place), remade only when the ring replaces a counter tensor (``clear``, load)."""
+        write_count, floor = storage._write_count, storage._floor
+        if write_count is not self._ring_tensors[0] or floor is not self._ring_tensors[1]:
+            self._ring_tensors = (write_count, floor)  # (held, so that their ids are not reused)
+            self._ring_arrays = (host_view(write_count), host_view(floor))
+        return self._ring_arrays
+
+    def _counters_host(self, storage: RingBuffer) -> tuple[np.ndarray, np.ndarray]:
+        """The ring's write counts and oldest indices ``[num_envs]``, numpy int64, for host trees.
+
+        From the ring's own counters (``_ring_views``): ``write_count()`` clones and ``oldest_index()`` computes, three
+        torch calls, as long as a quarter of a host ``sample``. The write counts are the live view (valid until the
+        next add); ``oldest`` is ``RingBuffer.oldest_index``'s formula (``test_host_counters_match_the_ring`` holds the
+        two together).
+        """
+        write_count, floor = self._ring_views(storage)
+        return write_count, np.maximum(write_count - self.capacity, floor)
+
+    def _one_env_counters(self, storage: RingBuffer) -> tuple[int, int]:
+        """``_counters_host`` of a one-env ring as ints: (write count, oldest index)."""
+        write_count, floor = self._ring_views(storage)
+        count = int(write_count[0])
+        return count, max(count - self.capacity, int(floor[0]))
+
+    def _buffers(self, num: int) -> _HostBuffers:
+        buffers = self._host_buffers.get(num)
+        if buffers is None:
+            if len(self._host_buffers) >= 4:  # (the batch size rarely changes)
+                self._host_buffers.clear()
+            buffers = self._host_buffers[num] = _HostBuffers(num)
+        return buffers
+
+    def _positions_host(self, leaves: np.ndarray, write_count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``_positions`` on numpy arrays."""
+        env_ids = leaves // self.capacity
+        last = write_count[env_ids] - 1
+        return env_ids, last - (last - leaves) % self.capacity  # (``%`` of a positive divisor is >= 0, as remainder)
+
+    def _refresh_host(self, write_count: np.ndarray, oldest: np.ndarray, *leaves: np.ndarray) -> None:
+        """``_refresh`` of host trees: numpy int64 ``write_count``, ``oldest`` ``[num_envs]`` and ``leaves``."""
+        pending, self._dirty = self._dirty + list(leaves), []
+        if not pending:
+            return
+        leaves = np.concatenate(pending) if len(pending) > 1 else pending[0]
+        if self.num_envs == 1:  # (one env: its counters as ints)
+            count, first = int(write_count[0]), int(oldest[0])
+        else:
+            env_ids = leaves // self.capacity
+            count, first = write_count[env_ids], oldest[env_ids]
+        last = count - 1
+        positions = last - (last - leaves) % self.capacity  # as ``_positions_host``
+        drawable = positions >= first
+        drawable &= positions <= count - self.sequence_length
+        values = self._assigned_np[leaves]
+        self._sum.update_host(leaves, np.where(drawable, values, 0.0), validate=False)
+        if self._min is not None:
+            self._min.update_host(leaves, np.where(drawable, values, np.inf), validate=False)
 
     def num_drawable(self, storage: RingBuffer) -> torch.Tensor:
         """Number of drawable starts of ``storage``, summed over envs (0-dim int64, CPU)."""
@@ -193,6 +302,9 @@ class PrioritizedSampler(Sampler):
         """``storage.add`` wrote one step to each of ``env_ids`` ``[B]`` (unique) at the absolute indices
         ``write_counts_before`` ``[B]``: the new slots get the max priority; their leaves (and those of the starts
         that the add made drawable) are refreshed at the next sample or update."""
+        if self._on_host:
+            self._on_add_host(storage, host_array(env_ids, torch.int64), host_array(write_counts_before, torch.int64))
+            return
         env = env_ids.to("cpu", torch.int64)
         w = write_counts_before.to("cpu", torch.int64)
         new = self._leaves(env, w)
@@ -202,6 +314,16 @@ class PrioritizedSampler(Sampler):
             self._dirty.append(self._leaves(env, w - (self.sequence_length - 1)))
         if len(self._dirty) >= 512:  # a long collection without sampling: keep the backlog bounded
             self._refresh(*self._counters(storage))
+
+    def _on_add_host(self, storage: RingBuffer, env: np.ndarray, w: np.ndarray) -> None:
+        """``on_add`` of host trees (numpy int64 ``env``, ``w``)."""
+        new = env * self.capacity + w % self.capacity
+        self._assigned_np[new] = self._max_np
+        self._dirty.append(new)
+        if self.sequence_length > 1:  # the start that now ends at the newest step (a negative one is no start)
+            self._dirty.append(env * self.capacity + (w - (self.sequence_length - 1)) % self.capacity)
+        if len(self._dirty) >= 512:  # a long collection without sampling: keep the backlog bounded
+            self._refresh_host(*self._counters_host(storage))
 
     def on_clear(self, storage: RingBuffer, oldest_before: torch.Tensor) -> None:
         """``storage.clear`` moved the oldest indices from ``oldest_before`` ``[num_envs]``: the starts it made
@@ -236,8 +358,11 @@ class PrioritizedSampler(Sampler):
         if length != self.sequence_length:
             raise ValueError(f"this prioritized sampler draws sequences of sequence_length={self.sequence_length} "
                              f"(fixed at construction), asked for length={length}")
-        for batch_info, priorities in self._deferred.take_ready():
-            self._apply(storage, batch_info, priorities)
+        if len(self._deferred):
+            for batch_info, priorities in self._deferred.take_ready():
+                self._apply(storage, batch_info, priorities)
+        if self._on_host:
+            return self._sample_host(storage, batch_size, length)
         write_count, oldest = self._counters(storage)
         self._refresh(write_count, oldest)
         if not storage.holds_sequence(length):  # Python ints once enough is stored: no tensor is read
@@ -261,6 +386,47 @@ class PrioritizedSampler(Sampler):
                 weights = (p / self._min.min()).pow(-beta)  # == weights / (N * p_min / total) ** -beta
         return BatchInfo(env_ids=env_ids, positions=positions, importance_weights=weights.float())
 
+    def _sample_host(self, storage: RingBuffer, batch_size: int, length: int) -> BatchInfo:
+        """``sample`` of host trees: the steps of the torch path above on numpy arrays, with the same values."""
+        if self._dirty:
+            self._refresh_host(*self._counters_host(storage))
+        if not storage.holds_sequence(length):
+            raise too_few_steps(storage.num_stored(), length)
+        tree = self._sum
+        total = tree.total_host()
+        if self._may_total_zero and not total > 0:
+            raise RuntimeError("every drawable start has priority 0 (eps=0 and zero priorities): nothing to sample")
+        buf = self._buffers(batch_size)
+        torch.rand(batch_size, generator=self.generator, dtype=torch.float64, out=buf.draws_t)
+        targets = np.add(buf.strata, buf.draws, out=buf.targets)
+        targets *= total / batch_size  # (i + u) * (total / B)
+        leaves = tree.find_prefix_sum_host(targets, ascending=True)
+        p = tree.get_host(leaves)
+        if self.num_envs == 1:  # (one env: leaf = slot, its counters as ints)
+            count, oldest = self._one_env_counters(storage)
+            n = max(count - (self.sequence_length - 1) - oldest, 0)  # drawable starts
+            env_ids = np.zeros(batch_size, dtype=np.int64)
+            positions = (count - 1) - leaves  # as ``_positions_host``: last - (last - leaf) % capacity
+            positions %= self.capacity
+            np.subtract(count - 1, positions, out=positions)
+        else:
+            write_count, oldest = self._counters_host(storage)
+            n = int(np.maximum(write_count - (self.sequence_length - 1) - oldest, 0).sum())  # drawable starts
+            env_ids, positions = self._positions_host(leaves, write_count)
+
+        beta = _value(self.beta)
+        if self.normalize_by_max and self.max_over == "buffer":
+            np.divide(p, self._min.min_host(), out=buf.ratios)  # weights / (N * p_min / total) ** -beta
+        else:
+            np.multiply(p, n, out=buf.ratios)
+            buf.ratios /= total  # (n * p) / total, as the torch path
+        torch.pow(buf.ratios_t, -beta, out=buf.weights_t)  # (torch: its pow rounds unlike numpy's)
+        weights = buf.weights
+        if self.normalize_by_max and self.max_over == "batch":
+            weights = weights / weights.max()
+        return BatchInfo(env_ids=torch.from_numpy(env_ids), positions=torch.from_numpy(positions),
+                         importance_weights=torch.from_numpy(weights.astype(np.float32)))
+
     # ------------------------------------------------------------------------------------------------- updating --
     def update_priorities(self, storage: RingBuffer, batch_info: BatchInfo, priorities: torch.Tensor) -> None:
         """Set the priority of the starts of ``batch_info`` (as returned by ``sample``) to ``priorities`` ``[B]``.
@@ -280,6 +446,9 @@ class PrioritizedSampler(Sampler):
         if priorities.numel() != num:
             raise ValueError(f"update_priorities got {priorities.numel()} priorities for {num} sampled "
                              "sequences; give one per sequence ([B])")
+        if self._on_host and not self.validate and priorities.device.type == "cpu":
+            self._apply_host(storage, batch_info, priorities)  # (the common case, straight to numpy)
+            return
         priorities = priorities.detach().reshape(-1)
         if self.validate:
             low, high = (float(x) for x in torch.aminmax(priorities.float()))
@@ -293,6 +462,9 @@ class PrioritizedSampler(Sampler):
     def _apply(self, storage: RingBuffer, batch_info: BatchInfo, priorities: torch.Tensor) -> None:
         """``update_priorities`` now, without a host sync: validity and "last write wins" are masks, so every entry
         is written (an ignored one writes back the priority its leaf already has)."""
+        if self._on_host:
+            self._apply_host(storage, batch_info, priorities)
+            return
         num = priorities.numel()
         if num == 0:
             return
@@ -319,6 +491,92 @@ class PrioritizedSampler(Sampler):
         # new priorities.)
         self._max_priority = torch.maximum(self._max_priority, values.max())
 
+    def _apply_host(self, storage: RingBuffer, batch_info: BatchInfo, priorities: torch.Tensor) -> None:
+        """``_apply`` of host trees: the same rules and the same values, on numpy arrays (``priorities`` on the CPU).
+
+        The stored priorities are computed over the same ``[B]`` array as in ``_apply``, in the same order (entries
+        sorted by leaf, each carrying its leaf's winner): torch's ``pow`` rounds differently in its vectorized body
+        and in its scalar tail, so the layout of that array decides the last bit of the results. The usual case
+        (every priority valid, every start still in the ring and drawable: always so for a batch just sampled, unless
+        it was overwritten or cleared since) is checked with two min/max reductions each and skips the masks.
+        """
+        pos = host_array(batch_info.positions, torch.int64)
+        priorities = host_array(priorities, torch.float32)
+        num = priorities.size
+        if num == 0:
+            return
+        if priorities.min() >= 0 and priorities.max() < math.inf:  # (NaN fails both)
+            num_ok = num
+        else:
+            ok = priorities >= 0
+            ok &= priorities < math.inf
+            num_ok = int(np.count_nonzero(ok))
+            priorities = np.where(ok, priorities, np.float32(0.0))
+        self._num_ok_host += num_ok
+        self._num_seen += num
+        capacity, length = self.capacity, self.sequence_length
+        valid = drawable = None  # None: all True
+        if self.num_envs == 1:  # (one env: leaf = slot, its counters as ints)
+            count, oldest = self._one_env_counters(storage)
+            leaves = pos % capacity
+            if not (pos.min() >= oldest and pos.max() <= count - length):
+                valid = pos >= oldest
+                valid &= pos < count  # still in the ring
+                drawable = pos <= count - length  # (of a valid entry: ``>= oldest`` holds)
+        else:
+            env = host_array(batch_info.env_ids, torch.int64)
+            write_count, oldest_all = self._counters_host(storage)
+            count = write_count[env]
+            leaves = env * capacity
+            leaves += pos % capacity
+            valid = pos >= oldest_all[env]
+            valid &= pos < count  # still in the ring
+            drawable = pos <= count - length  # (of a valid entry: ``>= oldest`` holds)
+            if np.count_nonzero(valid) == num and np.count_nonzero(drawable) == num:
+                valid = drawable = None
+        num_valid = num if valid is None else int(np.count_nonzero(valid))
+        buf = self._buffers(num)
+        # For each distinct leaf its last valid entry wins, as in ``_apply``: sort by (leaf, rank), rank = entry
+        # number + 1 if valid, else 0, packed into one int64 key (rank in the low ``rank_bits`` bits) so that a plain
+        # sort does it. Equal keys (invalid copies of one leaf) are alike: such a run has no valid entry.
+        bits = buf.rank_bits
+        key = leaves << bits
+        key |= buf.ranks if num_valid == num else np.where(valid, buf.ranks, 0)
+        key.sort()
+        leaves = key >> bits  # sorted, duplicates adjacent
+        rank = key & ((1 << bits) - 1)  # each entry's
+        if np.count_nonzero(leaves[1:] == leaves[:-1]):  # duplicates: each entry takes the last rank of its run
+            rank = rank[np.searchsorted(leaves, leaves, side="right") - 1]
+        winner = rank - 1  # [B]: the entry each leaf takes (-1, i.e. any entry: no valid one)
+        np.add(priorities[winner], self.eps, out=buf.bases, dtype=np.float32)  # in float32, as torch adds a scalar
+        torch.pow(buf.bases_t, _value(self.alpha), out=buf.stored_t)
+        values = buf.stored
+        has_valid = None
+        if num_valid < num:
+            has_valid = rank > 0
+            values = np.where(has_valid, values, self._assigned_np[leaves])  # no valid entry: keep the priority
+        self._assigned_np[leaves] = values
+        # The tree leaves, by the rule (``_refresh``): a leaf whose winner is valid holds the start ``pos[winner]``
+        # (the step written last at its slot, as it is still in the ring), drawable iff ``pos <= write_count - L``
+        # (``>= oldest`` holds). A leaf without a valid entry keeps its priority, so its tree values are already
+        # right (the rule holds for every leaf but the dirty ones, refreshed below) and it is left out.
+        if drawable is None:  # (every entry valid and drawable)
+            self._sum.update_host(leaves, values, validate=False)
+            if self._min is not None:
+                self._min.update_host(leaves, values, validate=False)
+        else:
+            drawable = drawable[winner]
+            if has_valid is not None:
+                leaves, values, drawable = leaves[has_valid], values[has_valid], drawable[has_valid]
+            self._sum.update_host(leaves, np.where(drawable, values, 0.0), validate=False)
+            if self._min is not None:
+                self._min.update_host(leaves, np.where(drawable, values, np.inf), validate=False)
+        if self._dirty:
+            self._refresh_host(*self._counters_host(storage))
+        # (A kept priority is <= the max priority, which never decreases: the max over the new priorities will do.)
+        if values.size:
+            np.maximum(self._max_np, values.max(), out=self._max_np)
+
     def _ranks(self, num: int) -> torch.Tensor:
         """``1, ..., num`` on ``device`` (cached: the batch size rarely changes)."""
         if self._rank_cache.numel() != num:
@@ -329,6 +587,8 @@ class PrioritizedSampler(Sampler):
     def invalid_priorities(self) -> torch.Tensor:
         """Priorities replaced by 0 since construction because they were NaN, infinite or negative: 0-dim int64 on
         ``device`` (reading its value is a host sync: read it when a summary is written)."""
+        if self._on_host:
+            return torch.tensor(self._num_seen - self._num_ok_host)
         return self._num_seen - self._num_ok
 
     def flush(self, storage: RingBuffer) -> None:
@@ -341,7 +601,12 @@ class PrioritizedSampler(Sampler):
         """Tensors only: the trees, the assigned priorities, the max priority and the leaves awaiting a refresh (the
         write counts and oldest indices are the storage's, restored with it). Updates still in flight from the device
         are not included: ``flush`` first (``ReplayBuffer.state_dict`` does)."""
-        dirty = torch.cat(self._dirty) if self._dirty else torch.zeros(0, dtype=torch.int64)
+        if not self._dirty:
+            dirty = torch.zeros(0, dtype=torch.int64)
+        elif self._on_host:
+            dirty = torch.from_numpy(np.concatenate(self._dirty))  # (a copy)
+        else:
+            dirty = torch.cat(self._dirty)
         state = {"sum_tree": self._sum.state_dict()["values"], "assigned": self._assigned.clone(),
                  "max_priority": self._max_priority.clone(), "dirty": dirty}
         if self._min is not None:
@@ -367,7 +632,15 @@ class PrioritizedSampler(Sampler):
                 leaves = torch.where(drawable, state["assigned"].to(self.device), float("inf"))
                 self._min.update(torch.arange(leaves.numel(), device=self.device), leaves)
         self._assigned.copy_(state["assigned"])
-        self._max_priority = state["max_priority"].to(device=self.device, dtype=torch.float32).clone()
+        if self._on_host:
+            self._max_priority.copy_(state["max_priority"])  # in place: ``_max_np`` is its memory
+        else:
+            self._max_priority = state["max_priority"].to(device=self.device, dtype=torch.float32).clone()
         # (A state from before "dirty" was saved had refreshed every leaf first.)
         dirty = state.get("dirty")
-        self._dirty = [dirty.to("cpu", torch.int64).clone()] if dirty is not None and dirty.numel() else []
+        if dirty is None or not dirty.numel():
+            self._dirty = []
+        elif self._on_host:
+            self._dirty = [host_array(dirty, torch.int64).copy()]
+        else:
+            self._dirty = [dirty.to("cpu", torch.int64).clone()]

@@ -2,13 +2,16 @@
 
 Each stored step carries its absolute write index in ``rollout_info``, so every drawn sequence can be checked.
 """
+import contextlib
 import io
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from alfish.data.types import BatchInfo, Experience
+from alfish.replay import segment_tree
 from alfish.replay.prioritized import PrioritizedSampler
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.ring_buffer import RingBuffer
@@ -314,3 +317,215 @@ def test_sample_returns_experience_and_batch_info():
     assert torch.equal(exp.rollout_info["index"][:, 0], info.positions)
     assert info.importance_weights.shape == (5,)
     assert info.env_ids.dtype == info.positions.dtype == torch.int64
+
+
+# ------------------------------------------------------------------------------------- host trees: the numpy path --
+# A sampler with trees on the CPU runs numpy code (prioritized.py's module docstring); every test above goes through
+# it. These check it against a brute-force model of the rules, and against the torch code run on the same CPU data
+# (``segment_tree.NUMPY_ON_CPU = False``), bit for bit.
+@contextlib.contextmanager
+def torch_code():
+    """Samplers built inside run the torch code even with their trees on the CPU."""
+    segment_tree.NUMPY_ON_CPU = False
+    try:
+        yield
+    finally:
+        segment_tree.NUMPY_ON_CPU = True
+
+
+@pytest.fixture(params=[(12, 5), (2, 2)], ids=["top12-step5", "top2-step2"])
+def tree_shape(request, monkeypatch):
+    """Also small tree shapes, so the small trees of these tests take several descent steps."""
+    top, step = request.param
+    monkeypatch.setattr(segment_tree, "TOP_LEVEL", top)
+    monkeypatch.setattr(segment_tree, "DESCENT_LEVELS", step)
+
+
+class BruteForce:
+    """The sampler's rules, one slot at a time: assigned priorities (alpha = 1, so stored = priority + eps), the max
+    priority, the tree value of each slot (its assigned priority iff the start written there last is drawable), the
+    stratified draws by a cumulative sum. With integer priorities and eps = 0.5 every sum is exact."""
+
+    def __init__(self, num_envs, capacity, length, eps):
+        self.num_envs, self.capacity, self.length, self.eps = num_envs, capacity, length, eps
+        self.assigned = np.zeros(num_envs * capacity)
+        self.max = 1.0  # initial_priority
+        self.invalid = 0
+
+    def on_add(self, env_ids, counts_before):
+        for e, w in zip(env_ids, counts_before):
+            self.assigned[e * self.capacity + w % self.capacity] = self.max
+
+    def leaf_values(self, storage):
+        wc, oldest = storage.write_count().tolist(), storage.oldest_index().tolist()
+        values = np.zeros(self.num_envs * self.capacity)
+        for e in range(self.num_envs):
+            for p in range(oldest[e], wc[e] - self.length + 1):  # the drawable starts
+                values[e * self.capacity + p % self.capacity] = self.assigned[e * self.capacity + p % self.capacity]
+        return values
+
+    def sample(self, storage, u, beta, normalize_by_max, max_over):
+        values = self.leaf_values(storage)
+        cum = np.cumsum(values)
+        total = cum[-1]
+        targets = (np.arange(u.size) + u) * (total / u.size)
+        leaves = np.searchsorted(cum, np.minimum(targets, np.nextafter(total, 0)), side="right")
+        wc, oldest = storage.write_count().numpy(), storage.oldest_index().numpy()
+        env_ids = leaves // self.capacity
+        last = wc[env_ids] - 1
+        positions = last - (last - leaves) % self.capacity
+        n = np.maximum(wc - self.length + 1 - oldest, 0).sum()
+        weights = (n * values[leaves] / total) ** -beta
+        if normalize_by_max and max_over == "batch":
+            weights = weights / weights.max()
+        elif normalize_by_max:
+            weights = (values[leaves] / values[values > 0].min()) ** -beta
+        return env_ids, positions, weights
+
+    def update(self, storage, env_ids, positions, priorities):
+        wc, oldest = storage.write_count().tolist(), storage.oldest_index().tolist()
+        new = {}
+        for e, p, x in zip(env_ids, positions, priorities):  # in order: the last valid entry of a start wins
+            if not (x >= 0 and x < math.inf):
+                x = 0.0
+                self.invalid += 1
+            if oldest[e] <= p < wc[e]:
+                new[e * self.capacity + p % self.capacity] = x + self.eps
+        for leaf, value in new.items():
+            self.assigned[leaf] = value
+        self.max = max([self.max, *new.values()])  # (the priorities set, not those a later entry replaced)
+
+
+@pytest.mark.parametrize("num_envs, capacity, length, kwargs", [
+    (1, 40, 1, {}), (1, 40, 2, {"normalize_by_max": True}),
+    (3, 20, 3, {"normalize_by_max": True, "max_over": "buffer"}), (2, 30, 2, {})])
+def test_host_sampler_follows_a_brute_force_model(tree_shape, num_envs, capacity, length, kwargs):
+    gen = torch.Generator().manual_seed(capacity + length)
+    beta, eps = 0.5, 0.5
+    buf, sampler = make(num_envs, capacity, 0, sequence_length=length, alpha=1.0, beta=beta, eps=eps,
+                        generator=torch.Generator().manual_seed(1), **kwargs)
+    model = BruteForce(num_envs, capacity, length, eps)
+    storage = buf.storage
+    for round_ in range(40):
+        for _ in range(int(torch.randint(1, 8, (1,), generator=gen))):
+            envs = torch.nonzero(torch.rand(num_envs, generator=gen) < 0.8).squeeze(1)
+            if len(envs):
+                model.on_add(envs.tolist(), storage.write_count()[envs].tolist())
+                add(buf, envs)
+        if round_ % 11 == 10:
+            buf.clear(keep_last=int(torch.randint(0, 4, (1,), generator=gen)))
+        if not drawable_starts(storage, length):
+            continue
+        batch = int(torch.randint(1, 50, (1,), generator=gen))
+        state = sampler.generator.get_state()
+        info = sampler.sample(storage, batch, length)
+        u = torch.rand(batch, generator=torch.Generator().set_state(state), dtype=torch.float64).numpy()
+        env_ids, positions, weights = model.sample(storage, u, beta, sampler.normalize_by_max, sampler.max_over)
+        assert info.env_ids.dtype == info.positions.dtype == torch.int64
+        assert info.importance_weights.dtype == torch.float32
+        assert info.env_ids.tolist() == env_ids.tolist() and info.positions.tolist() == positions.tolist()
+        assert info.importance_weights.tolist() == pytest.approx(weights.tolist(), rel=1e-6)
+        # New priorities: small integers, some invalid; some entries repeated (the last one wins), some of them
+        # for starts overwritten since (ignored).
+        priorities = torch.randint(0, 10, (batch,), generator=gen).float()
+        priorities[torch.rand(batch, generator=gen) < 0.1] = float("nan")
+        priorities[torch.rand(batch, generator=gen) < 0.1] = -1.0
+        priorities[torch.rand(batch, generator=gen) < 0.05] = float("inf")
+        repeat = torch.randint(0, batch, (batch // 3,), generator=gen)
+        env_all = torch.cat([info.env_ids, info.env_ids[repeat]])
+        pos_all = torch.cat([info.positions, info.positions[repeat] - capacity * (round_ % 2)])
+        priorities = torch.cat([priorities, torch.randint(0, 10, (repeat.numel(),), generator=gen).float()])
+        if round_ % 4 == 2:  # the newest step of env 0: in the ring, but no drawable start when L > 1
+            env_all = torch.cat([env_all, torch.tensor([0])])
+            pos_all = torch.cat([pos_all, storage.write_count()[:1] - 1])
+            priorities = torch.cat([priorities, torch.tensor([7.0])])
+        model.update(storage, env_all.tolist(), pos_all.tolist(), priorities.tolist())
+        buf.update_priorities(at(env_all, pos_all), priorities)
+        flush(storage, sampler)
+        assert sampler._assigned.tolist() == model.assigned.tolist()
+        assert sampler._sum.leaves().tolist() == model.leaf_values(storage).tolist()
+        assert float(sampler._max_priority) == model.max
+        invalid = sampler.invalid_priorities
+        assert invalid.dtype == torch.int64 and invalid.dim() == 0 and int(invalid) == model.invalid
+        check_trees_match_reference(storage, sampler)
+
+
+def run_scenario(num_envs, capacity, length, seed, **kwargs):
+    """Random adds, clears, samples and updates (duplicates, overwritten starts, invalid priorities, float32 and
+    float64 priorities); returns every sample and the final state."""
+    gen = torch.Generator().manual_seed(seed)
+    buf, sampler = make(num_envs, capacity, 0, sequence_length=length, alpha=0.6, beta=0.4,
+                        generator=torch.Generator().manual_seed(seed), **kwargs)
+    draws = []
+    for round_ in range(60):
+        for _ in range(int(torch.randint(1, capacity // 10, (1,), generator=gen))):
+            envs = torch.nonzero(torch.rand(num_envs, generator=gen) < 0.8).squeeze(1)
+            if len(envs):
+                add(buf, envs)
+        if round_ % 17 == 16:
+            buf.clear(keep_last=int(torch.randint(0, 5, (1,), generator=gen)))
+        if not buf.storage.holds_sequence(length):
+            continue
+        info = buf.sampler.sample(buf.storage, int(torch.randint(1, 300, (1,), generator=gen)), length)
+        draws.append(info)
+        priorities = torch.rand(info.env_ids.numel(), generator=gen) * 10
+        if round_ % 5 == 0:
+            priorities[::7] = float("nan")
+            priorities[1::11] = -1.0
+            priorities[2::13] = float("inf")
+        if round_ % 3 == 0:
+            info = at(torch.cat([info.env_ids, info.env_ids[:5]]),
+                      torch.cat([info.positions, info.positions[:5] - capacity * (round_ % 2)]))
+            priorities = torch.cat([priorities, torch.rand(min(5, len(priorities)), generator=gen)])
+        buf.update_priorities(info, priorities.double() if round_ % 4 == 0 else priorities)
+        if round_ % 7 == 0:
+            add(buf)  # leaves left dirty in the state
+    return draws, sampler.state_dict(), int(sampler.invalid_priorities), float(sampler._max_priority)
+
+
+@pytest.mark.parametrize("num_envs, capacity, length, kwargs", [
+    (1, 300, 2, {}), (3, 100, 3, {"normalize_by_max": True}),
+    (2, 150, 1, {"normalize_by_max": True, "max_over": "buffer"})])
+def test_host_and_torch_code_draw_and_store_the_same_bits(tree_shape, num_envs, capacity, length, kwargs):
+    host = run_scenario(num_envs, capacity, length, 5, **kwargs)
+    with torch_code():
+        reference = run_scenario(num_envs, capacity, length, 5, **kwargs)
+    assert len(host[0]) == len(reference[0]) > 40
+    for a, b in zip(host[0], reference[0]):
+        assert all(torch.equal(x, y) and x.dtype == y.dtype for x, y in zip(a, b))
+    assert host[1].keys() == reference[1].keys()
+    assert all(torch.equal(host[1][k], reference[1][k]) for k in host[1])
+    assert host[2:] == reference[2:]
+
+
+def test_host_counters_match_the_ring():
+    gen = torch.Generator().manual_seed(0)
+    for num_envs in (1, 3):
+        buf, sampler = make(num_envs, 6, 0, sequence_length=2)
+        for i in range(40):
+            envs = torch.nonzero(torch.rand(num_envs, generator=gen) < 0.7).squeeze(1)
+            if len(envs):
+                add(buf, envs)
+            if i % 13 == 12:
+                buf.clear(keep_last=int(torch.randint(0, 3, (1,), generator=gen)))  # (replaces the ring's floor)
+            write_count, oldest = sampler._counters_host(buf.storage)
+            assert write_count.tolist() == buf.storage.write_count().tolist()
+            assert oldest.tolist() == buf.storage.oldest_index().tolist()
+            if num_envs == 1:
+                assert sampler._one_env_counters(buf.storage) == (write_count[0], oldest[0])
+        # A ring restored from a checkpoint has new counter tensors.
+        buf2 = ReplayBuffer(RingBuffer(num_envs, 6), PrioritizedSampler(num_envs, 6, sequence_length=2))
+        buf2.sampler._counters_host(buf2.storage)
+        buf2.load_state_dict(buf.state_dict(), step(torch.zeros(1), torch.zeros(1)))
+        write_count, oldest = buf2.sampler._counters_host(buf2.storage)
+        assert write_count.tolist() == buf.storage.write_count().tolist()
+        assert oldest.tolist() == buf.storage.oldest_index().tolist()
+
+
+def test_host_samples_are_fresh_tensors():
+    buf, sampler = make(2, 16, 12, sequence_length=2, generator=torch.Generator().manual_seed(0))
+    first = sampler.sample(buf.storage, 32, 2)
+    kept = [x.clone() for x in first]
+    sampler.sample(buf.storage, 32, 2)
+    buf.update_priorities(first, torch.rand(32) * 3)
+    assert all(torch.equal(x, y) for x, y in zip(first, kept))  # nothing of the first sample was reused

@@ -3,6 +3,8 @@
 The trees keep levels up to ``TOP_LEVEL`` and search ``DESCENT_LEVELS`` levels per step; the ``shape`` fixture also runs
 every test with small values of both, so small trees exercise the same code paths as a 1M-leaf one.
 """
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -154,3 +156,142 @@ def test_errors_and_state_dict_round_trip():
     m2 = MinTree(3)
     m2.load_state_dict(m.state_dict())
     assert float(m2.min()) == -1.0 and m2.dtype == torch.float32
+
+
+# ------------------------------------------------------------------------------------------------ the host path --
+# Trees on the CPU run numpy code (segment_tree's module docstring). The tests above go through it (the torch-facing
+# methods convert and call it); these check it against brute-force references on bigger trees (several descent steps
+# at every ``shape``), and against the torch code run on the same CPU data (``NUMPY_ON_CPU = False``).
+@contextlib.contextmanager
+def torch_code():
+    """Trees built inside run the torch code even on the CPU."""
+    segment_tree.NUMPY_ON_CPU = False
+    try:
+        yield
+    finally:
+        segment_tree.NUMPY_ON_CPU = True
+
+
+def reference_search(leaves, targets):
+    """Brute force: targets clamped to [0, total); the smallest i with leaves[0] + ... + leaves[i] > target, and for a
+    target >= total the last positive leaf (exact for integer leaves)."""
+    cum = np.cumsum(leaves)
+    last_positive = int(np.nonzero(leaves)[0][-1])
+    t = np.maximum(targets, 0.0)
+    return np.where(t >= cum[-1], last_positive, np.searchsorted(cum, t, side="right"))
+
+
+@pytest.mark.parametrize("capacity", [1, 7, 4096, 5000, 70000])
+def test_host_find_prefix_sum_matches_a_cumsum_reference_and_the_torch_code(capacity):
+    rng = np.random.default_rng(capacity)
+    # Integer leaves (sums exact in float64) with many zeros, zero runs at both ends.
+    vals = rng.integers(0, 4, capacity).astype(np.float64) * (rng.random(capacity) < 0.6)
+    vals[: capacity // 10] = 0
+    vals[capacity - capacity // 10:] = 0
+    vals[capacity // 2] = 3.0
+    s = SumTree(capacity)
+    s.update_host(np.arange(capacity), vals)
+    with torch_code():
+        ref = SumTree(capacity)
+    ref.update(torch.arange(capacity), torch.from_numpy(vals))
+    cum = np.cumsum(vals)
+    total = cum[-1]
+    assert s.total_host() == total == float(ref.total())
+    boundaries = np.unique(cum)
+    boundaries = rng.choice(boundaries, min(boundaries.size, 2000), replace=False)
+    # (Exact boundaries and half-integers: a target within a few ulps of a boundary may go either way, by the
+    # rounding of ``t - cum[j] + sums[j]``, in the torch code as here; those are compared with it in the next test.)
+    targets = np.concatenate([[0.0, -1.0, np.nextafter(total, 0), total, 2 * total, np.nextafter(0.0, 1.0)],
+                              boundaries, boundaries - 0.5, rng.uniform(0, total, 500)])
+    got = s.find_prefix_sum_host(targets)
+    assert got.dtype == np.int64
+    assert np.array_equal(got, reference_search(vals, targets))
+    assert np.all(vals[got] > 0)  # a zero leaf is never returned
+    assert torch.equal(s.find_prefix_sum(torch.from_numpy(targets)), ref.find_prefix_sum(torch.from_numpy(targets)))
+    ascending = np.sort(rng.uniform(0, total * 1.01, 256))  # the sampler's case (ascending=True)
+    assert np.array_equal(s.find_prefix_sum_host(ascending, ascending=True), reference_search(vals, ascending))
+
+
+def test_host_find_prefix_sum_with_float_leaves_matches_the_torch_code():
+    rng = np.random.default_rng(3)
+    for capacity in (100, 3000, 40000):
+        vals = rng.random(capacity) * (rng.random(capacity) < 0.7)
+        s = SumTree(capacity)
+        with torch_code():
+            ref = SumTree(capacity)
+        for tree in (s, ref):
+            tree.update(torch.arange(capacity), torch.from_numpy(vals))
+        total = float(ref.total())
+        # Targets on and around every rounding-prone spot: each prefix sum, and the stratified draws of a sampler.
+        cum = np.cumsum(vals)
+        targets = np.concatenate([cum, np.nextafter(cum, 0), np.nextafter(cum, np.inf), [total],
+                                  (np.arange(256) + rng.random(256)) * (total / 256)])
+        got = s.find_prefix_sum(torch.from_numpy(targets))
+        assert torch.equal(got, ref.find_prefix_sum(torch.from_numpy(targets)))
+        lower = np.where(got > 0, cum[got.numpy() - 1], 0.0)
+        t = np.minimum(targets, total)
+        assert np.all(lower <= t + 1e-9 * total) and np.all(t < cum[got.numpy()] + 1e-9 * total)
+        assert np.all(vals[got.numpy()] > 0)
+
+
+@pytest.mark.parametrize("tree_cls, dtype", [(SumTree, torch.float64), (MinTree, torch.float32)])
+def test_host_updates_match_a_reference_dict_a_full_rebuild_and_the_torch_code(tree_cls, dtype):
+    capacity = 3000
+    rng = np.random.default_rng(7)
+    host = tree_cls(capacity, dtype=dtype)
+    with torch_code():
+        ref = tree_cls(capacity, dtype=dtype)
+    expected = np.full(capacity, host.neutral)
+    for round_ in range(30):
+        n = 4000 if round_ == 5 else int(rng.integers(1, 400))  # one bulk write (a rebuild), else path updates
+        idx = rng.integers(0, capacity, n)  # with replacement: duplicates in one call
+        if round_ % 3 == 0:
+            idx = np.concatenate([idx, idx ^ 1])  # siblings updated together: parents shared within the batch
+            idx = idx[idx < capacity]
+        vals = rng.random(idx.size) * 10
+        for i, v in zip(idx.tolist(), vals.tolist()):  # sequential: the last write of a duplicate wins
+            expected[i] = v
+        host.update_host(idx, vals)
+        ref.update(torch.from_numpy(idx), torch.from_numpy(vals))
+        leaves = host.get_host(np.arange(capacity))
+        assert np.array_equal(leaves, expected.astype(leaves.dtype))
+        assert torch.equal(host._values, ref._values)  # every node, bit for bit
+    rebuilt = tree_cls(capacity, dtype=dtype)
+    rebuilt.update_host(np.arange(capacity), expected)  # a bulk write: every level recomputed
+    assert torch.equal(host._values, rebuilt._values)
+    assert host.summary_host() == float(ref.summary())
+    if tree_cls is MinTree:
+        assert host.summary_host() == expected.astype(np.float32).min()
+    else:  # (torch's vectorized sum may round unlike a sequential one)
+        assert host.summary_host() == pytest.approx(expected.sum(), rel=1e-12)
+
+
+def test_update_host_without_validation_takes_equal_duplicates_and_keeps_the_dtype():
+    s = SumTree(16)
+    s.update_host(np.array([5, 4, 5, 9, 8]), np.array([2.0, 1.0, 2.0, 0.5, 0.25], dtype=np.float32), validate=False)
+    assert s.get_host(np.array([4, 5, 8, 9])).tolist() == [1.0, 2.0, 0.25, 0.5]
+    assert s.total_host() == 3.75
+    check_internal_nodes(s, lambda a, b: a + b)
+    with pytest.raises(IndexError, match=r"leaf indices must lie in \[0, 16\), got \[-1, 3\]"):
+        s.update_host(np.array([3, -1]), np.array([1.0, 1.0]))
+
+
+def test_host_view_shares_memory_refuses_other_devices_and_is_not_counted_as_a_sync():
+    from alfish.learn.sync_debug import SyncCounter
+    from alfish.replay.segment_tree import host_array, host_view
+
+    t = torch.zeros(4)
+    with SyncCounter() as counter:
+        a = host_view(t)
+        b = host_array(torch.arange(3, dtype=torch.int32), torch.int64)  # converted by torch: a copy
+    assert counter.calls == []
+    a[1] = 5.0
+    assert t.tolist() == [0.0, 5.0, 0.0, 0.0]
+    assert b.dtype == np.int64 and b.tolist() == [0, 1, 2]
+    assert host_array(torch.ones(2, 3), torch.float32).shape == (6,)
+    assert host_view(torch.ones(2, requires_grad=True)).tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="needs a CPU tensor, got one on meta"):
+        host_view(torch.zeros(2, device="meta"))
+    with SyncCounter() as counter:
+        t.numpy()
+    assert counter.calls == ["numpy"]  # (the counter itself still sees a plain read)

@@ -12,12 +12,19 @@ For each layout (envs x steps per env, a full ring), times in the same run:
   * add + sample: one ``ReplayBuffer.add`` to every env (storage add + the sampler's ``on_add``), then a sample (the
     sampler refreshes the leaves an add dirtied in one batch at the next sample): the cost per iteration of a loop that
     adds one step per env and samples once (SAC's). The numpy peer's add is two direct assignments.
-Calls alternate between the two in blocks; the median time per call is printed with the ratio numpy / alfish.
-torch runs on 1 thread (``--threads``), numpy's cumsum/searchsorted are single-threaded.
+Calls alternate between the two in blocks; the median time per call is printed with the ratio numpy / alfish, and
+the sum of the sample and update medians (one training step's replay cost). torch runs on 1 thread (``--threads``),
+numpy's cumsum/searchsorted are single-threaded.
 
-The machine's limit for alfish's side: at these sizes every torch call costs about the same fixed overhead, so a floor
-of an operation is (aten operators it dispatches) x (median time of a minimal torch call, ``neg`` of 256 floats); both
-are printed. The rest of the measured time is Python (argument parsing, views, the bookkeeping around the calls).
+Where alfish's time goes: at these sizes every call, torch or numpy, costs about the same fixed overhead whatever its
+size, so the number of calls is what counts. The sampler's trees live on the host here, so its hot paths run on numpy
+(``alfish/replay/segment_tree.py``, ``prioritized.py``): about 40 numpy calls per sample and 50 per update (one per
+tree level and per step of the bookkeeping), each printed as ``minimal numpy call`` (``np.negative`` of 256 floats)
+plus its own work. The torch calls left are those kept for bit-identical results with the torch code (the generator's
+draws, the level-``top`` sum and the cumulative sums of the search, the powers); they are counted (aten operators
+dispatched) and priced at the ``minimal torch call`` (``neg`` of 256 floats). The rest is Python and memory: the
+random rows a search fetches from a 16 MB tree miss the caches. Calls in a long sequence of different operations cost
+more than the same call repeated (the minimal calls are the repeated kind).
 """
 from __future__ import annotations
 
@@ -128,6 +135,11 @@ def minimal_op_ms() -> float:
     return statistics.median(median_ms(lambda: torch.neg(x), 5000, warmup=500))
 
 
+def minimal_numpy_op_ms() -> float:
+    x = np.random.default_rng(0).random(256)
+    return statistics.median(median_ms(lambda: np.negative(x), 5000, warmup=500))
+
+
 def median_ms(fn, calls: int, warmup: int = 10) -> list[float]:
     for _ in range(warmup):
         fn()
@@ -197,9 +209,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    op_ms = minimal_op_ms()
-    results = {"minimal_torch_op_ms": op_ms}
-    print(f"minimal torch call (neg of 256 floats): {op_ms * 1e3:.2f} us")
+    op_ms, np_op_ms = minimal_op_ms(), minimal_numpy_op_ms()
+    results = {"minimal_torch_op_ms": op_ms, "minimal_numpy_op_ms": np_op_ms}
+    print(f"minimal torch call (neg of 256 floats): {op_ms * 1e3:.2f} us   "
+          f"minimal numpy call (negative of 256 floats): {np_op_ms * 1e3:.2f} us")
     for layout in args.layouts:
         num_envs, capacity = (int(x) for x in layout.split("x"))
         r = bench_layout(num_envs, capacity, args.batch, args.length, args.calls, args.blocks)
@@ -210,7 +223,10 @@ def main() -> None:
             ops = r["ops"][name]
             print(f"  {label}  alfish {r[name]:.3f} ms   numpy {r[name + '_numpy']:.3f} ms   "
                   f"numpy/alfish {r[name + '_numpy'] / r[name]:.2f}x   "
-                  f"(alfish: {ops} aten calls x minimal call = {ops * op_ms:.3f} ms)")
+                  f"(alfish: {ops} aten calls x minimal torch call = {ops * op_ms:.3f} ms; the rest is numpy calls)")
+        r["sample_update"] = r["sample"] + r["update"]
+        print(f"  sample+update  alfish {r['sample_update']:.3f} ms   "
+              f"numpy {r['sample_numpy'] + r['update_numpy']:.3f} ms")
     print("RESULT " + json.dumps(results))
 
 
