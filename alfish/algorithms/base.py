@@ -108,17 +108,45 @@ class RLAlgorithm(Algorithm):
 
     # --- action scaling for Box actions: networks work in [-1, 1], envs in [low, high] -------------------------------
     def scale_action(self, unit_action: torch.Tensor) -> torch.Tensor:
-        return self.action_low + (unit_action + 1.0) * 0.5 * (self.action_high - self.action_low)
+        """``[*, action_dim]`` in [-1, 1] -> [low, high]: ``low + (unit + 1) (high - low) / 2``, in one op."""
+        mid, half_range, _, _ = self._action_affine()
+        return torch.addcmul(mid, unit_action, half_range)
 
     def unscale_action(self, env_action: torch.Tensor) -> torch.Tensor:
-        return 2.0 * (env_action - self.action_low) / (self.action_high - self.action_low) - 1.0
+        """``[*, action_dim]`` in [low, high] -> [-1, 1]: ``2 (a - low) / (high - low) - 1``, in one op."""
+        _, _, offset, inv_half_range = self._action_affine()
+        return torch.addcmul(offset, env_action, inv_half_range)
+
+    def _action_affine(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(mid, half_range, -mid / half_range, 1 / half_range)`` of the action bounds, each ``[action_dim]``.
+
+        Computed once per bounds tensors rather than on every call (five aten ops a call otherwise, each costing
+        more than the arithmetic); ``.to(device)`` replaces the bound buffers, which recomputes them there. (Bounds
+        overwritten in place would not be seen: nothing in alfish does that.) Same values as the textbook formulas up
+        to float rounding.
+        """
+        low, high = self.action_low, self.action_high
+        cache = self.__dict__.get("_action_affine_cache")
+        if cache is None or cache[0] is not low or cache[1] is not high:
+            half_range = (high - low) * 0.5
+            mid = low + half_range
+            cache = (low, high, (mid, half_range, -mid / half_range, 1.0 / half_range))
+            self.__dict__["_action_affine_cache"] = cache
+        return cache[2]
 
     def flat_obs(self, obs: torch.Tensor, batch_dims: int = 1) -> torch.Tensor:
-        """``[*batch, *obs_shape] -> [*batch, obs_dim]`` float32 (dict fields concatenated in key order)."""
+        """``[*batch, *obs_shape] -> [*batch, obs_dim]`` float32 (dict fields concatenated in key order).
+
+        An observation already of that shape and dtype is returned as it is (no reshape or cast op).
+        """
         if self._obs_keys is not None:
             parts = [obs[k].reshape(obs[k].shape[:batch_dims] + (-1,)) for k in self._obs_keys]
-            return torch.cat(parts, dim=-1).to(torch.float32)
-        return obs.reshape(obs.shape[:batch_dims] + (self.obs_dim,)).to(torch.float32)
+            flat = torch.cat(parts, dim=-1)
+        elif obs.dim() == batch_dims + 1 and obs.shape[-1] == self.obs_dim:
+            flat = obs
+        else:
+            flat = obs.reshape(obs.shape[:batch_dims] + (self.obs_dim,))
+        return flat if flat.dtype == torch.float32 else flat.to(torch.float32)
 
 
 class UpdateCounter:

@@ -31,7 +31,7 @@ import torch
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
-from alfish.networks.mlp import MLP, EnsembleMLP
+from alfish.networks.mlp import MLP, EnsembleMLP, parameter_list
 from alfish.schedulers import Scheduler, as_scheduler
 
 
@@ -112,23 +112,24 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
 
     def smoothing_noise(self, like: torch.Tensor) -> torch.Tensor:
         """TD3's target policy smoothing: N(0, target_policy_noise) clipped to +-target_noise_clip."""
-        return (torch.randn_like(like) * self.target_policy_noise).clamp(-self.target_noise_clip,
-                                                                         self.target_noise_clip)
+        return (torch.randn_like(like) * self.target_policy_noise).clamp_(-self.target_noise_clip,
+                                                                          self.target_noise_clip)
 
     # --------------------------------------------------------------------------------------------------- training --
     def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
-        """Losses of the ``L-1`` transitions of ``exp`` ``[L, B]``, each ``[(L-1) * B]``."""
-        obs = self.flat_obs(exp.observation, batch_dims=2)
-        obs_t, obs_next = obs[:-1].flatten(0, 1), obs[1:].flatten(0, 1)
-        act_t = self.unscale_action(exp.action[:-1].flatten(0, 1))
+        """Losses of the ``L-1`` transitions of ``exp`` ``[L, B]``, each ``[N = (L-1) * B]``."""
+        obs = self.flat_obs(exp.observation, batch_dims=2)                     # [L, B, obs_dim]
+        obs_t, obs_next = obs[:-1].flatten(0, 1), obs[1:].flatten(0, 1)        # [N, obs_dim]
+        act_t = self.unscale_action(exp.action[:-1].flatten(0, 1))             # [N, action_dim]
         reward, discount = exp.reward[1:].flatten(), exp.discount[1:].flatten()
 
         with torch.no_grad():
             next_action = torch.tanh(self.target_actor(obs_next))
             if self.target_policy_noise > 0:
-                next_action = (next_action + self.smoothing_noise(next_action)).clamp(-1.0, 1.0)
-            next_q = self.target_critics(torch.cat([obs_next, next_action], -1)).min(0).values.squeeze(-1)
-            td_target = reward + self.gamma * discount * next_q
+                next_action = next_action.add_(self.smoothing_noise(next_action)).clamp_(-1.0, 1.0)
+            # amin, not min: no gradient here, so no argmin is needed
+            next_q = self.target_critics(torch.cat([obs_next, next_action], -1)).amin(0).squeeze(-1)  # [N]
+            td_target = torch.addcmul(reward, discount, next_q, value=self.gamma)  # r + gamma * discount * next_q
 
         q = self.critics(torch.cat([obs_t, act_t], -1)).squeeze(-1)            # [E, N]
         td = q - td_target
@@ -136,16 +137,20 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
 
         if self.actor_due():  # the first critic scores the actor (TD3 paper; the only one for DDPG)
             new_action = torch.tanh(self.actor(obs_t))
-            actor_loss = -self.critics(torch.cat([obs_t, new_action], -1), detach_params=True)[0].squeeze(-1)
+            # Only member 0 is evaluated: the other critics would cost a forward and a backward for nothing.
+            q_new = self.critics(torch.cat([obs_t, new_action], -1), detach_params=True, members=slice(0, 1))
+            actor_loss = -q_new.view(-1)
         else:
-            actor_loss = torch.zeros_like(critic_loss.detach())
-        return AlgStep(info=DdpgTrainInfo(td.detach().abs().mean(0), critic_loss, actor_loss, q.detach().mean(0)))
+            actor_loss = torch.zeros_like(critic_loss)  # a factory: no graph, no detach needed
+        td = td.detach()
+        return AlgStep(info=DdpgTrainInfo(td.abs().mean(0), critic_loss, actor_loss, q.detach().mean(0)))
 
     def calc_loss(self, exp: Experience, train_info: DdpgTrainInfo) -> LossInfo:
         """Per-transition loss ``[L-1, B]``; transitions out of a LAST step (env autoreset) are masked out."""
-        shape = exp.step_type[:-1].shape
-        valid = (exp.step_type[:-1] != StepType.LAST).to(train_info.critic_loss.dtype).flatten()
-        loss = (train_info.critic_loss + train_info.actor_loss) * valid
+        valid = exp.step_type[:-1] != StepType.LAST                             # [L-1, B]
+        shape = valid.shape
+        valid = valid.flatten().to(train_info.critic_loss.dtype)
+        loss = (train_info.critic_loss + train_info.actor_loss).mul_(valid)
 
         def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
             count = valid.sum().clamp(min=1.0)
@@ -164,7 +169,7 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             tau = self.tau()
             with torch.no_grad():
                 for target, online in ((self.target_actor, self.actor), (self.target_critics, self.critics)):
-                    torch._foreach_lerp_(list(target.parameters()), list(online.parameters()), tau)
+                    torch._foreach_lerp_(parameter_list(target), parameter_list(online), tau)
 
 
 @gin.configurable

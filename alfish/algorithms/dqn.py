@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
-from alfish.networks.mlp import MLP
+from alfish.networks.mlp import MLP, parameter_list
 from alfish.schedulers import Scheduler, as_scheduler
 
 
@@ -50,17 +50,36 @@ def n_step_targets(reward: torch.Tensor, discount: torch.Tensor, step_type: torc
     if reward.shape[0] < n_step + 1:
         raise ValueError(f"n_step_targets needs sequences of at least n_step + 1 = {n_step + 1} steps, got "
                          f"{reward.shape[0]}")
-    target = torch.zeros_like(reward[0])
-    scale = torch.ones_like(reward[0])           # gamma^(k-1) * prod_{j<k} discount_j
-    alive = torch.ones_like(reward[0], dtype=torch.bool)  # no LAST among steps 1..k-1
-    for k in range(1, n_step + 1):
-        target = target + torch.where(alive, scale * reward[k], 0.0)
-        is_last = step_type[k] == StepType.LAST
-        ends = alive & is_last if k < n_step else alive
-        scale = scale * gamma * discount[k]
-        target = target + torch.where(ends, scale * bootstrap_value[k], 0.0)
-        alive = alive & ~is_last
+    target = _n_step_targets(reward, discount, step_type, bootstrap_value[1:n_step + 1], gamma, n_step)
     return target, step_type[0] != StepType.LAST
+
+
+def _n_step_targets(reward: torch.Tensor, discount: torch.Tensor, step_type: torch.Tensor,
+                    later_value: torch.Tensor, gamma: float, n_step: int) -> torch.Tensor:
+    """``n_step_targets``' target ``[B]``, with ``later_value [n_step, B]`` the bootstrap values of steps
+    ``1..n_step`` (``reward``, ``discount``, ``step_type``: ``[>= n_step + 1, B]``).
+
+    With ``w_k = gamma^(k-1) prod_{j<k} discount_j`` while no step among ``1..k-1`` is LAST and 0 after, the target is
+    ``sum_k w_k reward_k + sum_k c_k bootstrap_k``, ``c_k = w_k gamma discount_k`` on the step ``e`` where the window
+    ends (LAST, or ``n_step``) and 0 elsewhere; ``w_{k+1} = c_k`` unless step k is LAST (then 0). Folding the
+    ``alive`` mask into ``w`` (rather than masking every term with ``where``) makes it ~5 aten ops per step instead of
+    12, and one ``addcmul`` for ``n_step = 1``, DQN's default (each op costs microseconds on the CPU).
+    """
+    if n_step == 1:  # r_1 + gamma * discount_1 * bootstrap_1: no LAST can cut a one-step window
+        return torch.addcmul(reward[1], discount[1], later_value[0], value=gamma)
+    gamma_discount = discount[1:n_step + 1] * gamma                            # [n, B]
+    ends = (step_type[1:n_step] == StepType.LAST).to(reward.dtype)           # [n-1, B]: 1 where step k is LAST
+    target, weight = reward[1], None                                         # w_1 = 1
+    for k in range(1, n_step + 1):
+        if weight is not None:
+            target = torch.addcmul(target, weight, reward[k])
+        carried = gamma_discount[k - 1] if weight is None else weight * gamma_discount[k - 1]   # w_k gamma d_k
+        if k == n_step:                                                      # the window ends here in any case
+            return torch.addcmul(target, carried, later_value[k - 1])
+        bootstrap = carried * ends[k - 1]                                    # c_k: nonzero where step k is LAST
+        target = torch.addcmul(target, bootstrap, later_value[k - 1])
+        weight = carried - bootstrap                                         # w_{k+1}
+    raise AssertionError("unreachable")
 
 
 class DqnTrainInfo(NamedTuple):
@@ -144,40 +163,41 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise ValueError(f"DqnAlgorithm with n_step={self.n_step} trains on sequences of n_step + 1 = "
                              f"{self.n_step + 1} steps, got {length}; set TrainerConfig.mini_batch_length = "
                              f"{self.n_step + 1}")
-        obs = self.flat_obs(exp.observation, batch_dims=2)  # [L, B, obs_dim]
+        obs = self.flat_obs(exp.observation, batch_dims=2)                      # [L, B, obs_dim]
         with torch.no_grad():
-            later = obs[1:]
-            target_q = self.target_q_net(later)                                  # [n, B, A]
+            later = obs[1:].flatten(0, 1)                                        # [n * B, obs_dim]: 2-D matmuls
+            target_q = self.target_q_net(later)                                  # [n * B, A]
             chooser = self.q_net(later) if self.double_q else target_q
-            best = chooser.argmax(-1, keepdim=True)
-            value = target_q.gather(-1, best).squeeze(-1)                        # [n, B]
-            value = torch.cat([torch.zeros_like(value[:1]), value])              # [L, B], row 0 unused
-            target, valid = n_step_targets(exp.reward, exp.discount, exp.step_type, value, self.gamma, self.n_step)
+            value = target_q.gather(-1, chooser.argmax(-1, keepdim=True)).view(self.n_step, -1)   # [n, B]
+            target = _n_step_targets(exp.reward, exp.discount, exp.step_type, value, self.gamma, self.n_step)
+        valid = exp.step_type[0] != StepType.LAST
         q = self.q_net(obs[0]).gather(-1, exp.action[0].long().unsqueeze(-1)).squeeze(-1)  # [B]
         return AlgStep(info=DqnTrainInfo(q, target, valid))
 
     def calc_loss(self, exp: Experience, train_info: DqnTrainInfo) -> LossInfo:
         """Per-sample loss ``[1, B]`` (sequences starting at a LAST step are masked out); priority ``|TD error|``."""
-        td = train_info.q - train_info.target
+        q, target = train_info.q, train_info.target
         if self.huber_loss:
-            per_sample = F.smooth_l1_loss(train_info.q, train_info.target, reduction="none", beta=1.0)
+            per_sample = F.smooth_l1_loss(q, target, reduction="none", beta=1.0)
+            abs_td = (q.detach() - target).abs_()  # for the priority only: no graph
         else:
+            td = q - target
             per_sample = 0.5 * td ** 2
+            abs_td = td.detach().abs()  # not in place: the square's backward reads td
         valid = train_info.valid.to(per_sample.dtype)
         loss = per_sample * valid
 
         def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
             count = valid.sum().clamp(min=1.0)
             return dict(td_loss=loss.detach().sum() / count,
-                        q_mean=(train_info.q.detach() * valid).sum() / count,
+                        q_mean=(q.detach() * valid).sum() / count,
                         epsilon=torch.tensor(self.epsilon(), device=valid.device))
 
-        return LossInfo(loss=loss.unsqueeze(0), extra=extra, priority=td.detach().abs() * valid)
+        return LossInfo(loss=loss.unsqueeze(0), extra=extra, priority=abs_td.mul_(valid))
 
     def after_update(self) -> None:
         """Counts the optimizer step; on every ``target_update_period``-th, Polyak-averages the target network
         towards the Q-network. The period is decided on the Python mirror of the count: no host sync."""
         if self._count_update() % self.target_update_period == 0:
             with torch.no_grad():
-                torch._foreach_lerp_(list(self.target_q_net.parameters()), list(self.q_net.parameters()),
-                                     self.tau())
+                torch._foreach_lerp_(parameter_list(self.target_q_net), parameter_list(self.q_net), self.tau())
