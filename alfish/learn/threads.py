@@ -9,7 +9,7 @@ What decides it (measurements: ``tools/bench/bench_threads.py``, figures in tool
   is taken by another process, each matmul waits for a descheduled worker. Measured on the 2-core development machine
   with other jobs running, a 256x256 update at batch 256 took ~11 ms on one thread and 130+ ms on two. So the count is
   the cores this process may use (CPU affinity and a cgroup quota, shared by the ranks of a torchrun job on this
-  machine) minus those other processes keep busy (the 1-minute load average when training starts), never below 1.
+  machine) minus those other processes keep busy (measured over 0.2 s when training starts), never below 1.
 """
 from __future__ import annotations
 
@@ -44,12 +44,12 @@ def cores_available() -> int:
     return max(1, cores)
 
 
-def busy_cores() -> float:
-    """Cores other processes keep busy: the 1-minute load average (0 where the OS does not report it)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
+def busy_cores(interval_s: float = 0.2) -> float:
+    """Cores other processes keep busy now: the machine's CPU use over ``interval_s`` (this process sleeps meanwhile),
+    in cores. (Not the load average: it lags by minutes, so a job that just ended would still count.)"""
+    import psutil
+
+    return psutil.cpu_percent(interval=interval_s) / 100.0 * (os.cpu_count() or 1)
 
 
 def largest_matmul_macs(module: nn.Module, batch: int) -> int:
@@ -84,11 +84,15 @@ def set_threads(setting: int | str | None, module: nn.Module, batch: int) -> Non
         return
     macs = largest_matmul_macs(module, batch)
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    threads = auto_threads(macs, ranks)
+    if macs < MIN_MACS_FOR_THREADS:
+        threads, why = 1, f"largest matmul {macs / 1e6:.1f}M MACs < {MIN_MACS_FOR_THREADS / 1e6:.0f}M"
+    else:
+        cores, busy = cores_available(), busy_cores()
+        threads = auto_threads(macs, ranks, cores, busy)
+        why = (f"largest matmul {macs / 1e6:.1f}M MACs; {cores} cores available, {busy:.1f} busy, {ranks} rank(s) "
+               "on this machine")
     torch.set_num_threads(threads)
-    logging.info("Trainer.num_threads='auto': %d torch thread(s) (largest matmul %.1fM MACs, threshold %.0fM; %d "
-                 "cores available, load %.1f, %d rank(s) on this machine)", threads, macs / 1e6,
-                 MIN_MACS_FOR_THREADS / 1e6, cores_available(), busy_cores(), ranks)
+    logging.info("Trainer.num_threads='auto': %d torch thread(s) (%s)", threads, why)
 
 
 def check_setting(setting: object) -> None:
