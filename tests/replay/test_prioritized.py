@@ -2,7 +2,6 @@
 
 Each stored step carries its absolute write index in ``rollout_info``, so every drawn sequence can be checked.
 """
-import contextlib
 import io
 import math
 
@@ -15,6 +14,7 @@ from alfish.replay import segment_tree
 from alfish.replay.prioritized import PrioritizedSampler
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.ring_buffer import RingBuffer
+from tests.replay.test_segment_tree import torch_code
 
 try:
     from scipy.stats import chi2
@@ -323,14 +323,7 @@ def test_sample_returns_experience_and_batch_info():
 # A sampler with trees on the CPU runs numpy code (prioritized.py's module docstring); every test above goes through
 # it. These check it against a brute-force model of the rules, and against the torch code run on the same CPU data
 # (``segment_tree.NUMPY_ON_CPU = False``), bit for bit.
-@contextlib.contextmanager
-def torch_code():
-    """Samplers built inside run the torch code even with their trees on the CPU."""
-    segment_tree.NUMPY_ON_CPU = False
-    try:
-        yield
-    finally:
-        segment_tree.NUMPY_ON_CPU = True
+# (``torch_code`` from test_segment_tree: samplers built inside run the torch code even with their trees on the CPU.)
 
 
 @pytest.fixture(params=[(12, 5), (2, 2)], ids=["top12-step5", "top2-step2"])
