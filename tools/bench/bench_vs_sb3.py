@@ -15,8 +15,9 @@ wall-clock to the first evaluation at or above the threshold, and the final eval
     (constant lr 1e-3, clip 0.2) settings; learning with alfish's conf vs RL Zoo's tuned conf (linear schedules).
   * TD3 / DDPG on Pendulum-v1 (confs/td3_pendulum.gin, confs/ddpg_pendulum.gin: lr 1e-3, batch 256, 256x256,
     gamma 0.98, Gaussian noise 0.1, 1000 warm-up steps, 1 gradient step per env step), 20k env steps.
-  * DQN on CartPole-v1 with (dqn) and without (dqn_noper) prioritized replay (confs/dqn_cartpole.gin, RL Zoo's
-    hyperparameters) against SB3's DQN (which has no prioritized replay), 50k env steps.
+  * DQN on CartPole-v1 (confs/dqn_cartpole.gin, RL Zoo's hyperparameters) against SB3's DQN, 50k env steps:
+    with prioritized replay and double Q (dqn, the conf), uniform replay (dqn_noper), and uniform replay without
+    double Q (dqn_plain: the algorithm SB3's DQN computes; it has neither option).
   Learning also prints the evaluation returns of both at equal env steps and their mean over the run's last quarter.
 Also prints the SAC update's FLOP floor (tools/bench/sac_update_floor.py).
 """
@@ -38,6 +39,7 @@ SPEC = {
     "ddpg": dict(throughput_steps=3000, learn_steps=20000, eval_every=1000, threshold=-200.0),
     "dqn": dict(throughput_steps=10240, learn_steps=50000, eval_every=5120, threshold=475.0),
     "dqn_noper": dict(throughput_steps=10240, learn_steps=50000, eval_every=5120, threshold=475.0),
+    "dqn_plain": dict(throughput_steps=10240, learn_steps=50000, eval_every=5120, threshold=475.0),
     # A2C on CartPole-v1 (confs/a2c_cartpole.gin: 8 envs, 8 steps per update, Adam on both sides)
     "a2c": dict(throughput_steps=40960, learn_steps=300000, eval_every=20480, threshold=475.0),
 }
@@ -76,7 +78,8 @@ def returns_at_equal_env_steps(alfish: list, sb3: list) -> list[tuple[int, float
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", nargs="+", default=list(SPEC), choices=list(SPEC),
-                        help="dqn: with prioritized replay (SB3's DQN has none); dqn_noper: uniform replay")
+                        help="dqn: with prioritized replay (SB3's DQN has none); dqn_noper: uniform replay; "
+                             "dqn_plain: uniform replay, no double Q (what SB3's DQN computes)")
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per framework (0: skip)")
     parser.add_argument("--learn", action="store_true", help="also run the full learning comparison")
     parser.add_argument("--threads", type=int, nargs="+", default=[0],

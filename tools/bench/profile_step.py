@@ -1,6 +1,6 @@
 """Where one env step's time goes, alfish beside Stable-Baselines3, at the hyperparameters of bench_vs_sb3.py.
 
-    python tools/bench/profile_step.py [--algos sac td3 ddpg dqn dqn_noper ppo a2c] [--steps N] [--threads T]
+    python tools/bench/profile_step.py [--algos sac td3 ddpg dqn dqn_noper dqn_plain ppo a2c] [--steps N] [--threads T]
 
 Each (framework, algorithm) job runs in a fresh process (built by ``run_one.py``, as the throughput benchmark builds
 it). Before training, the functions of each phase are wrapped with a timer that records *exclusive* wall-clock time
@@ -51,8 +51,8 @@ import run_one  # noqa: E402  (the benchmark's job builders)
 
 PHASES = ["env step", "conversions", "policy forward", "buffer add", "sampling", "returns", "loss", "backward",
           "grad clip", "optimizer", "target update", "priorities", "guard", "summaries", "glue"]
-DEFAULT_STEPS = {"sac": 2000, "td3": 3000, "ddpg": 3000, "dqn": 10240, "dqn_noper": 10240, "ppo": 20480,
-                 "a2c": 20480}
+DEFAULT_STEPS = {"sac": 2000, "td3": 3000, "ddpg": 3000, "dqn": 10240, "dqn_noper": 10240, "dqn_plain": 10240,
+                 "ppo": 20480, "a2c": 20480}
 
 
 class PhaseTimer:

@@ -20,12 +20,15 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFS = {"sac": "confs/sac_pendulum.gin", "ppo": "confs/ppo_cartpole.gin", "td3": "confs/td3_pendulum.gin",
          "ddpg": "confs/ddpg_pendulum.gin", "dqn": "confs/dqn_cartpole.gin", "dqn_noper": "confs/dqn_cartpole.gin",
-         "a2c": "confs/a2c_cartpole.gin"}
+         "dqn_plain": "confs/dqn_cartpole.gin", "a2c": "confs/a2c_cartpole.gin"}
 ENVS = {"sac": "Pendulum-v1", "ppo": "CartPole-v1", "td3": "Pendulum-v1", "ddpg": "Pendulum-v1",
-        "dqn": "CartPole-v1", "dqn_noper": "CartPole-v1", "a2c": "CartPole-v1"}
-EXTRA_PARAMS = {"dqn_noper": ["TrainerConfig.priority_replay=False"]}
+        "dqn": "CartPole-v1", "dqn_noper": "CartPole-v1", "dqn_plain": "CartPole-v1", "a2c": "CartPole-v1"}
+EXTRA_PARAMS = {"dqn_noper": ["TrainerConfig.priority_replay=False"],
+                # the algorithm SB3's DQN runs: uniform replay and no double Q (SB3 has neither option)
+                "dqn_plain": ["TrainerConfig.priority_replay=False", "DqnAlgorithm.double_q=False"]}
 EVAL_EPISODES = 5
-ENV_STEPS_PER_ITERATION = {"ppo": 8 * 32, "dqn": 256, "dqn_noper": 256, "a2c": 8 * 8}  # as in the confs
+# as in the confs
+ENV_STEPS_PER_ITERATION = {"ppo": 8 * 32, "dqn": 256, "dqn_noper": 256, "dqn_plain": 256, "a2c": 8 * 8}
 
 
 def make_alfish(args: argparse.Namespace):
@@ -104,7 +107,7 @@ def make_sb3(args: argparse.Namespace):
         model = cls("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, buffer_size=200_000,
                     learning_starts=1000, tau=0.005, gamma=0.98, train_freq=1, gradient_steps=1, action_noise=noise,
                     policy_kwargs=dict(net_arch=[256, 256]), seed=args.seed, verbose=0, device="cpu")
-    elif args.algo in ("dqn", "dqn_noper"):
+    elif args.algo in ("dqn", "dqn_noper", "dqn_plain"):
         from stable_baselines3 import DQN
 
         model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
