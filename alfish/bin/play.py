@@ -2,10 +2,13 @@
 
     python -m alfish.bin.play --root_dir runs/sac [--checkpoint_step N] [--num_episodes K]
                               [--record_file out.mp4|out.gif] [--epsilon_greedy E] [--render]
+                              [--allow_import PREFIX ...]
 
 Everything is rebuilt from the checkpoint alone: its tensors (loaded with ``weights_only=True``) and the operative gin
-config it recorded. No Python from the results directory is executed: the stored config may only import alfish
-modules (or the prefixes given with --allow_import).
+config it recorded. A results directory is untrusted input, so that config is parsed in a restricted mode: it may
+name only alfish's registered configurables, import nothing and make gymnasium import nothing. To play a run of your
+own env or network package, trust it with --allow_import PREFIX (its imports, configurables and 'module:EnvId' env
+names); --allow_import '*' trusts the results directory completely.
 """
 from __future__ import annotations
 
@@ -13,18 +16,28 @@ import argparse
 import logging
 import os
 import sys
+import tempfile
 from typing import Optional, Sequence
 
+import gymnasium as gym
 import torch
 
+from alfish.algorithms.base import Algorithm
 from alfish.algorithms.build import build_policy
 from alfish.config import ConfError, TrainerConfig, load_config_text
-from alfish.data.types import StepType
-from alfish.envs.batched_env import create_environment
+from alfish.config.untrusted import TRUST_ALL, check_env_names, trusted_prefixes
+from alfish.data.types import StepType, TimeStep
+from alfish.envs.batched_env import BatchedEnv, environment_settings
 from alfish.envs.spec import EnvSpec
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
+from alfish.trainer.checkpoint import META, Checkpointer, CheckpointError, LoadedCheckpoint
+from alfish.transforms.base import SequentialDataTransformer
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
+_RENDER_EXTRA = "pip install 'alfish[render]'"
+
+
+class PlayError(Exception):
+    """A problem with play's arguments or what they name; its message is one line saying what to change."""
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -40,14 +53,63 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--render", action="store_true", help="show the env in a window (needs a display)")
     parser.add_argument("--fps", type=int, default=None, help="video frame rate (default: the env's render_fps)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--allow_import", action="append", default=[],
-                        help="module prefix the stored config may import (your own env/network package)")
-    args = parser.parse_args(argv)
-    if args.record_file and not args.record_file.endswith(VIDEO_SUFFIXES):
-        parser.error(f"--record_file {args.record_file!r} must end with one of {VIDEO_SUFFIXES}")
+    parser.add_argument("--allow_import", action="append", default=[], metavar="PREFIX",
+                        help="trust the modules under PREFIX (your own env/network package): the stored config may "
+                             "import them, use their configurables and name their 'module:EnvId' envs (repeatable); "
+                             f"'{TRUST_ALL}' trusts this root_dir completely, so its config may run any code")
+    return parser.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Checks what argparse cannot, before anything is loaded or played.
+
+    Raises:
+        PlayError: one line naming the argument and what to change.
+    """
     if args.num_episodes < 1:
-        parser.error("--num_episodes must be >= 1")
-    return args
+        raise PlayError(f"--num_episodes {args.num_episodes} must be >= 1")
+    if args.record_file:
+        check_record_file(args.record_file)
+
+
+def check_record_file(path: str) -> None:
+    """Refuses a --record_file that could not be written once the episodes are played.
+
+    The extension must be supported, the directory must exist or be creatable and be writable (probed with a
+    temporary file, which also holds for root and read-only file systems), and imageio must be installed (with its
+    ffmpeg plugin for .mp4).
+
+    Raises:
+        PlayError: one line saying what to change.
+    """
+    if not path.endswith(VIDEO_SUFFIXES):
+        raise PlayError(f"--record_file {path!r} must end with one of {', '.join(VIDEO_SUFFIXES)}")
+    if os.path.isdir(path):
+        raise PlayError(f"--record_file {path!r} is a directory; give a file name ending with .mp4 or .gif")
+    directory = os.path.dirname(os.path.abspath(path))
+    existing = directory
+    while not os.path.exists(existing):  # the nearest ancestor that exists: the missing part is created later
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise PlayError(f"--record_file {path!r} cannot be written: {existing} is a file, not a directory")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise PlayError(f"--record_file {path!r} cannot be written: {existing} is not writable ({err.strerror}); "
+                        f"choose another directory") from None
+    try:
+        import imageio.v2  # noqa: F401  (the 'render' extra)
+    except ImportError:
+        raise PlayError(f"--record_file needs imageio, which is not installed: {_RENDER_EXTRA}") from None
+    if path.endswith(".mp4"):
+        try:
+            import imageio_ffmpeg
+
+            imageio_ffmpeg.get_ffmpeg_exe()
+        except (ImportError, RuntimeError):  # RuntimeError: the package is there but has no ffmpeg executable
+            raise PlayError(f"--record_file {path!r} needs imageio's ffmpeg plugin, which is not installed: "
+                            f"{_RENDER_EXTRA} (or record a .gif)") from None
 
 
 def load_checkpoint(root_dir: str, step: Optional[int]) -> LoadedCheckpoint:
@@ -61,6 +123,48 @@ def load_checkpoint(root_dir: str, step: Optional[int]) -> LoadedCheckpoint:
     return ckpt
 
 
+def load_stored_config(root_dir: str, ckpt: LoadedCheckpoint, trusted: tuple[str, ...]) -> TrainerConfig:
+    """Parses the checkpoint's operative config in the restricted mode (`trusted`: the module prefixes allowed)."""
+    text = ckpt.meta.get("operative_config")
+    if not isinstance(text, str):
+        raise CheckpointError(f"checkpoint {ckpt.path}/{META} has no 'operative_config' text; it was not written by "
+                              f"alfish's trainer")
+    # Lines are counted within the operative_config string, not within the JSON file.
+    load_config_text(text, f"{ckpt.path}/{META}[operative_config]", trusted)
+    return TrainerConfig(root_dir=root_dir)
+
+
+def create_env(args: argparse.Namespace, trusted: tuple[str, ...]) -> BatchedEnv:
+    """The one env play steps, after checking that the env names the stored config gives import nothing untrusted.
+
+    The names are checked again here, resolved (macros and references evaluated), before gymnasium sees them.
+    """
+    render_mode = "human" if args.render else ("rgb_array" if args.record_file else None)
+    settings = environment_settings(num_parallel_environments=1, seed=args.seed, vectorization="sync",
+                                    render_mode=render_mode)
+    check_env_names({"create_environment.env_name": settings.env_name,
+                     "create_environment.env_kwargs": settings.env_kwargs}, trusted)
+    return settings.create()
+
+
+def restore_policy(config: TrainerConfig, env: BatchedEnv,
+                   ckpt: LoadedCheckpoint) -> tuple[SequentialDataTransformer, Algorithm]:
+    """Builds the policy the stored config describes and loads the checkpoint's state into it."""
+    transformer, algorithm = build_policy(config, EnvSpec.of(env))
+    if "algorithm" not in ckpt.tensors:
+        raise CheckpointError(f"checkpoint {ckpt.path} has no algorithm.pt; it was not written by alfish's trainer")
+    try:
+        if "transformers" in ckpt.tensors:  # e.g. the observation normalizer's statistics
+            transformer.load_state_dict(ckpt.tensors["transformers"])
+        algorithm.load_state_dict(ckpt.tensors["algorithm"])
+    except (RuntimeError, KeyError, TypeError) as err:  # torch lists every mismatched tensor over many lines
+        raise CheckpointError(f"checkpoint {ckpt.path} does not fit the policy its stored config builds "
+                              f"({_shortened(_one_line(err))})") from None
+    transformer.eval()
+    algorithm.eval()
+    return transformer, algorithm
+
+
 def write_video(path: str, frames: list, fps: int) -> None:
     import imageio.v2 as imageio  # the 'render' extra
 
@@ -71,35 +175,16 @@ def write_video(path: str, frames: list, fps: int) -> None:
         imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    try:
-        ckpt = load_checkpoint(args.root_dir, args.checkpoint_step)
-        load_config_text(ckpt.meta["operative_config"], f"{ckpt.path}/meta.json",
-                         allowed_import_prefixes=("alfish", *args.allow_import))
-        config = TrainerConfig(root_dir=args.root_dir)
-    except (CheckpointError, ConfError, ValueError, KeyError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    render_mode = "human" if args.render else ("rgb_array" if args.record_file else None)
-    env = create_environment(num_parallel_environments=1, seed=args.seed, vectorization="sync",
-                             render_mode=render_mode)
-    transformer, algorithm = build_policy(config, EnvSpec.of(env))
-    if "transformers" in ckpt.tensors:  # e.g. the observation normalizer's statistics
-        transformer.load_state_dict(ckpt.tensors["transformers"])
-    transformer.eval()
+def play_episodes(args: argparse.Namespace, env: BatchedEnv, transformer: SequentialDataTransformer,
+                  algorithm: Algorithm, time_step: TimeStep, frames: list) -> list[float]:
+    """Plays `args.num_episodes` episodes from `time_step` (after reset), printing each; returns their returns.
+
+    With a --record_file, a frame is appended to `frames` after every step.
+    """
     view = transformer.rollout_view(update_stats=False)
-    algorithm.load_state_dict(ckpt.tensors["algorithm"])
-    algorithm.eval()
-    fps = args.fps or int(env._venv.metadata.get("render_fps") or 30)
-    frames: list = []
-    returns = []
+    returns: list[float] = []
     with torch.inference_mode():
-        time_step = env.reset()
         episode_return, episode_length = 0.0, 0
-        if args.record_file:
-            frames.append(env.render()[0])
         while len(returns) < args.num_episodes:
             seen = view(time_step)
             action = algorithm.predict_step(seen, epsilon_greedy=args.epsilon_greedy).output
@@ -114,13 +199,48 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 returns.append(episode_return)
                 print(f"episode {len(returns)}: return {episode_return:.2f} length {episode_length}", flush=True)
                 episode_return, episode_length = 0.0, 0
-    env.close()
+    return returns
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    env = None
+    try:
+        check_args(args)
+        trusted = trusted_prefixes(args.allow_import)
+        ckpt = load_checkpoint(args.root_dir, args.checkpoint_step)
+        config = load_stored_config(args.root_dir, ckpt, trusted)
+        env = create_env(args, trusted)
+        transformer, algorithm = restore_policy(config, env, ckpt)
+        time_step = env.reset()
+        # The first frame is rendered before any step, so a missing render dependency fails before any episode.
+        frames: list = [env.render()[0]] if args.record_file else []
+        returns = play_episodes(args, env, transformer, algorithm, time_step, frames)
+    except (PlayError, CheckpointError, ConfError, ValueError, TypeError, KeyError, gym.error.Error) as err:
+        # ValueError includes an env that breaks its contract (EnvContractError) during an episode.
+        print(f"error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    finally:
+        if env is not None:
+            env.close()
     print(f"average return over {len(returns)} episodes: {sum(returns) / len(returns):.2f} "
           f"(checkpoint {ckpt.path})", flush=True)
     if args.record_file:
+        fps = args.fps or int(env._venv.metadata.get("render_fps") or 30)
         write_video(args.record_file, frames, fps)
         print(f"recorded {len(frames)} frames to {args.record_file}", flush=True)
     return 0
+
+
+def _one_line(err: BaseException) -> str:
+    """`err`'s message on one line (gin appends "In call to configurable ..." lines to errors it re-raises)."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
+def _shortened(text: str, limit: int = 300) -> str:
+    """`text` cut to `limit` characters (torch's state-dict errors list every mismatched tensor)."""
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """Configuration: the validated TrainerConfig, loading gin confs with strict errors, and the config record."""
-from alfish.config.loading import ConfError, load_conf, load_config_text, write_config_record
+from alfish.config.loading import ConfError, load_conf, write_config_record
 from alfish.config.trainer_config import TrainerConfig
+from alfish.config.untrusted import load_config_text
 
 __all__ = ['TrainerConfig', 'ConfError', 'load_conf', 'load_config_text', 'write_config_record']
