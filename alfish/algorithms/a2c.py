@@ -11,7 +11,7 @@ from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParam
 from alfish.algorithms.base import OnPolicyAlgorithm
 from alfish.data.types import Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
-from alfish.schedulers import as_scheduler
+from alfish.schedulers import Scheduler, as_scheduler
 
 
 class A2cRolloutInfo(NamedTuple):
@@ -32,9 +32,9 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
 
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
-                 hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh", lr: float = 7e-4,
+                 hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh", lr: float | Scheduler = 7e-4,
                  gamma: float = 0.99, gae_lambda: float = 1.0, value_loss_coef: float = 0.5,
-                 entropy_coef: float = 0.0, normalize_advantages: bool = False):
+                 entropy_coef: float | Scheduler = 0.0, normalize_advantages: bool = False):
         super().__init__(observation_space, action_space)
         self.net = ActorCriticNetworks(self.obs_dim, self.num_actions if self.discrete else self.action_dim,
                                        self.discrete, hidden_sizes, activation)

@@ -14,6 +14,7 @@ import difflib
 import importlib
 import inspect
 import io
+import itertools
 import logging
 import os
 import pkgutil
@@ -26,6 +27,8 @@ from typing import Any, Iterator, Optional, Sequence
 import gin
 from gin import config as gin_config
 from gin import config_parser
+
+from alfish.config import value_checks
 
 logger = logging.getLogger(__name__)
 
@@ -86,24 +89,6 @@ def load_conf(conf_file: Optional[str], conf_params: Sequence[str] = ()) -> None
     search_dir = os.path.dirname(conf_file) if conf_file else ''
     with _include_search_path(search_dir):
         _parse_sources(sources)
-
-
-def load_config_text(text: str, source_name: str, allowed_import_prefixes: tuple[str, ...] = ('alfish',),
-                     conf_params: Sequence[str] = ()) -> None:
-    """Clears gin's config and parses a stored config (e.g. a results dir's operative.gin) for play or resume.
-
-    The text comes from a results directory, so it must not execute Python from there: an `include` statement, or
-    an `import` of a module not under `allowed_import_prefixes`, is rejected before anything is parsed. The
-    `conf_params` (trusted, from the command line) are applied afterwards, as overrides.
-
-    Raises:
-        ConfError: one line naming `source_name` and the line, as for `load_conf`.
-    """
-    gin.clear_config()
-    register_configurables()
-    source = _Source(name=source_name, text=text)
-    _reject_unsafe_statements(source, allowed_import_prefixes)
-    _parse_sources([source] + [_conf_param_source(param) for param in conf_params])
 
 
 def write_config_record(root_dir: str) -> list[str]:
@@ -232,11 +217,77 @@ class _DropGinPathProbes(logging.Filter):
 
 
 def _parse_sources(sources: Sequence[_Source]) -> None:
-    """Parses `sources` in order into gin's config, then checks that every macro used is defined."""
+    """Parses `sources` in order into gin's config, then checks that every macro used is defined and that every value
+    bound to an alfish configurable fits its parameter's type and range (alfish.config.value_checks)."""
     included: list[_Source] = []
     for source in sources:
         included += _parse_source(source)
     _check_macros_defined(list(sources) + included)
+    _check_values(sources)
+
+
+def _check_values(sources: Sequence[_Source]) -> None:
+    """ConfError naming the file and line of the first bound value that does not fit (and where the others are)."""
+    problems = value_checks.binding_problems()
+    if not problems:
+        return
+    locations = _binding_locations(sources)
+    fallback = (len(locations), sources[0].name if sources else '<conf>')
+    located = []
+    for problem in problems:
+        order, where = locations.get((problem.scope, problem.selector, problem.param), fallback)
+        message = problem.message
+        if problem.macro is not None and (problem.macro, 'gin.macro', 'value') in locations:
+            message += f'; %{problem.macro} is set at {locations[problem.macro, "gin.macro", "value"][1]}'
+        located.append((order, where, message))
+    located.sort(key=lambda item: item[0])
+    raise ConfError(value_checks.first_problem_summary([(where, message) for _, where, message in located]))
+
+
+def _binding_locations(sources: Sequence[_Source]) -> dict[tuple[str, str, str], tuple[int, str]]:
+    """(scope, full selector, param) -> (order, 'file:line') of the statement that last bound it, includes followed.
+
+    Macros are keyed (name, 'gin.macro', 'value'), as gin binds them. The order numbers statements as gin applied
+    them, so errors can be reported in the order a reader meets them.
+    """
+    locations: dict[tuple[str, str, str], tuple[int, str]] = {}
+    order = itertools.count()
+    for source in sources:
+        _collect_locations(source, '', locations, order, {source.name})
+    return locations
+
+
+def _collect_locations(source: _Source, included_from: str, locations: dict[tuple[str, str, str], tuple[int, str]],
+                       order: Iterator[int], visited: set[str]) -> None:
+    """Adds the bindings of `source` (and of the files it includes, where they are included) to `locations`."""
+    stream = io.StringIO(source.text)
+    stream.name = source.name
+    try:
+        statements = list(config_parser.ConfigParser(stream, _InertDelegate()))
+    except (SyntaxError, tokenize.TokenError):  # gin parsed it already; a statement it does not know locates nothing
+        return
+    for statement in statements:
+        where = source.where(statement.location.line_num) + included_from
+        if isinstance(statement, config_parser.IncludeStatement):
+            path = _resolve_include(statement.filename)
+            if path is not None and path not in visited:
+                _collect_locations(_Source(name=path, text=_read(path)), f' (included from {where})', locations,
+                                   order, visited | {path})
+        elif isinstance(statement, config_parser.BindingStatement):
+            locations[_statement_key(statement)] = (next(order), where)
+
+
+def _statement_key(statement: config_parser.BindingStatement) -> tuple[str, str, str]:
+    """The key gin binds a statement under: (scope, full selector, param), or (name, 'gin.macro', 'value')."""
+    if not statement.arg_name:
+        name = f'{statement.scope}/{statement.selector}' if statement.scope else statement.selector
+        return name, 'gin.macro', 'value'
+    try:
+        configurable = gin_config._REGISTRY.get_match(statement.selector)
+    except KeyError:  # ambiguous: gin would have refused it already
+        configurable = None
+    selector = configurable.selector if configurable is not None else statement.selector
+    return statement.scope, selector, statement.arg_name
 
 
 def _parse_source(source: _Source) -> list[_Source]:
@@ -299,33 +350,6 @@ class _InertDelegate(config_parser.ParserDelegate):
 
     def macro(self, macro_name: str) -> str:
         return macro_name
-
-
-def _reject_unsafe_statements(source: _Source, allowed_import_prefixes: tuple[str, ...]) -> None:
-    """ConfError for an `include`, or an `import` outside `allowed_import_prefixes`, in a stored config."""
-    stream = io.StringIO(source.text)
-    stream.name = source.name
-    try:
-        statements = list(config_parser.ConfigParser(stream, _InertDelegate()))
-    except (SyntaxError, tokenize.TokenError) as error:
-        raise _translate(error, source) from error
-    for statement in statements:
-        where = source.where(statement.location.line_num)
-        if isinstance(statement, config_parser.IncludeStatement):
-            raise ConfError(f"{where}: include '{statement.filename}' is not allowed in a stored config "
-                            f"(it must be self-contained and may not read other files)")
-        if isinstance(statement, config_parser.ImportStatement) and not _import_allowed(
-                statement.module, allowed_import_prefixes):
-            allowed = ', '.join(repr(p) for p in allowed_import_prefixes)
-            raise ConfError(f"{where}: import of module '{statement.module}' is not allowed in a stored config "
-                            f"(only modules under {allowed} may be imported)")
-
-
-def _import_allowed(module: str, allowed_prefixes: tuple[str, ...]) -> bool:
-    """True for gin's own `__gin__` directives and for modules equal to or under an allowed prefix."""
-    if module.startswith('__gin__.'):
-        return True
-    return any(module == prefix or module.startswith(prefix + '.') for prefix in allowed_prefixes)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -480,12 +504,73 @@ def _parameter_names(selector: str) -> list[str]:
 
 
 def _translate_syntax_error(error: SyntaxError, source: _Source) -> ConfError:
-    """gin's SyntaxError carries its own file and line; tokenize's IndentationError names only '<tokenize>'."""
+    """gin's SyntaxError carries its own file and line; tokenize's IndentationError names only '<tokenize>'.
+
+    A bracket left open is reported where it opens: gin reads on past it and fails at a later line (the next
+    statement, or a closing bracket of another kind), which is not where the mistake is.
+    """
     if error.filename in (None, '<tokenize>'):
         where = _locate_tokenize_error(source, set()) or source.where(error.lineno)
-    else:
-        where = _location_str(_GinLocation(error.filename, error.lineno or 0, error.text or ''), source)
+        return ConfError(f'{where}: gin syntax error: {error.msg}')
+    text = source.text if error.filename == source.name else _read_if_file(error.filename)
+    unclosed = _unclosed_bracket_at(text, error.lineno) if text is not None and error.lineno else None
+    if unclosed is not None:
+        line, problem = unclosed
+        return ConfError(f"{_location_str(_GinLocation(error.filename, line, ''), source)}: gin syntax error: "
+                         f"{problem}")
+    where = _location_str(_GinLocation(error.filename, error.lineno or 0, error.text or ''), source)
     return ConfError(f'{where}: gin syntax error: {error.msg}')
+
+
+_CLOSING = {'(': ')', '[': ']', '{': '}'}
+# A line that starts a new statement (a binding, a block, an import or include): never valid inside a value.
+# (Dict keys are literals in gin, so a line like `1: 'a'` or `None: 2` inside a dict is not taken for a block.)
+_STATEMENT_START_RE = re.compile(
+    r'^\s*(?:(?:import|from|include)\s|(?!(?:True|False|None)\b)[A-Za-z_][\w.]*(?:/[\w.]+)*\s*[=:])')
+
+
+def _unclosed_bracket_at(text: str, line_number: int) -> Optional[tuple[int, str]]:
+    """(line, problem) when gin's syntax error on `line_number` comes from a bracket opened on an earlier line.
+
+    That is the case when the bracket is still open where the error line starts and that line either starts a new
+    statement or begins with a closing bracket of another kind. None otherwise (the error line is the right one).
+    """
+    lines = text.splitlines()
+    if not 1 <= line_number <= len(lines):
+        return None
+    stack: list[tuple[str, int]] = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.start[0] >= line_number:
+                break
+            if token.type == tokenize.OP and token.string in _CLOSING:
+                stack.append((token.string, token.start[0]))
+            elif token.type == tokenize.OP and token.string in _CLOSING.values() and stack:
+                stack.pop()
+    except (tokenize.TokenError, SyntaxError):  # SyntaxError: an IndentationError before the error line.
+        return None
+    if not stack:
+        return None
+    bracket, opened = stack[-1]
+    fix = f"add the missing '{_CLOSING[bracket]}'"
+    error_line = _strip_comment(lines[line_number - 1])
+    if _STATEMENT_START_RE.match(error_line):
+        return opened, f"'{bracket}' is never closed (line {line_number} was read as part of it); {fix}"
+    first = error_line.strip()[:1]
+    if first in _CLOSING.values() and first != _CLOSING[bracket] and len(stack) > 1:
+        outer, outer_line = stack[-2]
+        if _CLOSING[outer] == first:
+            return opened, (f"'{bracket}' is never closed ('{first}' on line {line_number} closes the '{outer}' of "
+                            f"line {outer_line}); {fix}")
+    return None
+
+
+def _read_if_file(path: str) -> Optional[str]:
+    """The text of `path`, or None if it cannot be read (then the error keeps gin's line)."""
+    try:
+        return _read(path)
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def _locate_tokenize_error(source: _Source, visited: set[str]) -> Optional[str]:

@@ -1,21 +1,29 @@
 """TrainerConfig: every knob of a training run, with ALF's names and defaults.
 
 ALF users move their confs over unchanged: the parameter names and defaults are ALF's. Values are validated when the
-object is built, so a bad conf fails with one line naming the parameter before any environment starts. Parameters
-of features alfish has not built yet are listed in ``NOT_BUILT_YET``; setting one to a non-default value is an error
-(delete its entry when the feature lands).
+object is built, so a bad conf fails with one line naming the parameter before any environment starts: each value
+against its annotation and its range in ``alfish.config.value_checks.RULES`` (the same check that names the conf's
+file and line when the conf is loaded), then the rules that relate several parameters, here. Parameters of features
+alfish has not built yet are listed in ``NOT_BUILT_YET``; setting one to a non-default value is an error (delete its
+entry when the feature lands).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import numbers
+import types
+import typing
 from fractions import Fraction
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Union
 
 import gin
 
+from alfish.config import value_checks
 from alfish.errors import OneLineValueError
+
+# A number or a schedule (alfish.schedulers: a callable giving the current value). Written without importing
+# alfish.schedulers, which imports torch, so that reading a TrainerConfig stays cheap.
+NumberOrSchedule = Union[float, Callable[[], float]]
 
 # Parameters whose feature is not built yet -> what is missing. Setting one to a non-default value raises.
 NOT_BUILT_YET: dict[str, str] = {
@@ -58,9 +66,10 @@ class TrainerConfig:
         data_transformer_ctor: constructor, or list of constructors, of data transformers (alfish.transforms), applied
             to each TimeStep before the algorithm sees it and to each replay sample before training.
         random_seed: seed for torch/numpy/python and the envs; None picks one at random and logs it.
-        num_iterations: stop after this many iterations (<= 0: no limit from iterations).
-        num_env_steps: stop after this many env steps summed over all envs of all DDP ranks (<= 0: no limit from
-            env steps); when both limits are > 0, training stops at whichever is reached first.
+        num_iterations: stop after this many iterations (0: no limit from iterations).
+        num_env_steps: stop after this many env steps summed over all envs of all DDP ranks (0: no limit from
+            env steps); when both limits are > 0, training stops at whichever is reached first. Like every int
+            parameter here it also takes a whole float such as 1e6 (as ALF confs write it), stored as an int.
         unroll_length: env steps per env per iteration; a fraction < 1 means one step every 1/unroll_length
             iterations.
         unroll_with_grad: ALF's switch for gradients through the unroll; here implied by the algorithm (on-policy ones
@@ -187,8 +196,8 @@ class TrainerConfig:
     whole_replay_buffer_training: bool = True
     replay_buffer_length: int = 1024
     priority_replay: bool = False
-    priority_replay_alpha: Any = 0.7  # a float or an alfish.schedulers schedule
-    priority_replay_beta: Any = 0.4  # a float or an alfish.schedulers schedule
+    priority_replay_alpha: NumberOrSchedule = 0.7
+    priority_replay_beta: NumberOrSchedule = 0.4
     priority_replay_eps: float = 1e-6
     offline_buffer_dir: Optional[str] = None
     offline_buffer_length: Optional[int] = None
@@ -199,7 +208,11 @@ class TrainerConfig:
     clear_replay_buffer: bool = True
 
     def __post_init__(self) -> None:
-        """Validates all parameters; raises a one-line TrainerConfigError (a ValueError) naming each offender."""
+        """Validates all parameters; raises a one-line TrainerConfigError (a ValueError) naming each offender.
+
+        Whole floats given for int parameters (``num_env_steps=1e6``) are stored as ints first.
+        """
+        _store_whole_floats_as_ints(self)
         problems = validation_problems(self)
         if len(problems) == 1:
             raise TrainerConfigError(problems[0])
@@ -249,39 +262,46 @@ class TrainerConfig:
         return max(1, self.expected_num_iterations(num_envs) // count)
 
 
-def _is_number(value: Any) -> bool:
-    """True for ints and floats (bools are rejected: `num_iterations=True` is a typo, not a count)."""
-    return isinstance(value, numbers.Real) and not isinstance(value, bool)
-
-
 def _field_defaults() -> dict[str, Any]:
     """Default value of every TrainerConfig parameter that has one."""
     return {f.name: f.default for f in dataclasses.fields(TrainerConfig)
             if f.default is not dataclasses.MISSING}
 
 
-# Parameters that must be numbers (when not None); checked first so range checks can compare safely.
-_NUMERIC = (
-    'num_iterations', 'num_env_steps', 'unroll_length', 'num_checkpoints', 'num_evals', 'eval_interval',
-    'epsilon_greedy', 'num_eval_episodes', 'num_eval_environments', 'num_summaries', 'summary_interval',
-    'summaries_flush_secs', 'summary_max_queue', 'metric_min_buffer_size', 'initial_collect_steps',
-    'num_updates_per_train_iter', 'mini_batch_length', 'mini_batch_size', 'replay_buffer_length',
-)
+def _parameters() -> dict[str, value_checks.Parameter]:
+    """Every TrainerConfig parameter with its annotation and its rules (value_checks.RULES)."""
+    return value_checks.parameters_of(TrainerConfig, 'TrainerConfig')
+
+
+def _store_whole_floats_as_ints(config: TrainerConfig) -> None:
+    """Replaces a whole float (1e6) in an int parameter by the int, so that counts are ints downstream."""
+    for name, parameter in _parameters().items():
+        value = getattr(config, name)
+        if isinstance(value, float) and value.is_integer() and int in _members(parameter.annotation):
+            object.__setattr__(config, name, int(value))
+
+
+def _members(annotation: Any) -> tuple[Any, ...]:
+    """The types of a Union (Optional included), or the annotation alone."""
+    return typing.get_args(annotation) if typing.get_origin(annotation) in (Union, types.UnionType) else (annotation,)
 
 
 def validation_problems(config: TrainerConfig) -> list[str]:
-    """All problems of `config`, each one sentence naming the parameter(s) and the fix; empty when valid."""
-    problems = _type_problems(config)
-    if problems:  # Range checks would compare strings with numbers; report the types first.
-        return problems
-    return _not_built_problems(config) + _range_problems(config) + _cross_field_problems(config)
+    """All problems of `config`, each one sentence naming the parameter(s) and the fix; empty when valid.
 
-
-def _type_problems(config: TrainerConfig) -> list[str]:
-    """Numeric parameters holding something other than a number."""
-    return [f"TrainerConfig.{name}={getattr(config, name)!r} must be a number"
-            for name in _NUMERIC
-            if getattr(config, name) is not None and not _is_number(getattr(config, name))]
+    A value of the wrong type is reported alone (the other checks would compare it with numbers); otherwise: features
+    not built yet, required values, values out of range, then rules that relate several parameters.
+    """
+    wrong_type, out_of_range = [], []
+    for name, parameter in _parameters().items():
+        value = getattr(config, name)
+        problem = parameter.problem(value)
+        if problem is not None:
+            message = problem.message(f'TrainerConfig.{name}', _one_line_repr(value))
+            (out_of_range if problem.type_ok else wrong_type).append(message)
+    if wrong_type:
+        return wrong_type
+    return _not_built_problems(config) + _required_problems(config) + out_of_range + _cross_field_problems(config)
 
 
 def _not_built_problems(config: TrainerConfig) -> list[str]:
@@ -301,8 +321,8 @@ def _not_built_problems(config: TrainerConfig) -> list[str]:
     return problems
 
 
-def _range_problems(config: TrainerConfig) -> list[str]:
-    """Single parameters outside their valid range."""
+def _required_problems(config: TrainerConfig) -> list[str]:
+    """Values a run cannot do without (the ranges of single parameters are in value_checks.RULES)."""
     c = config
     checks = [
         (not c.root_dir, "TrainerConfig.root_dir is empty; pass --root_dir to the train command"),
@@ -312,37 +332,9 @@ def _range_problems(config: TrainerConfig) -> list[str]:
         (c.num_iterations <= 0 and c.num_env_steps <= 0,
          f"TrainerConfig.num_iterations={c.num_iterations} and TrainerConfig.num_env_steps={c.num_env_steps}: "
          f"set at least one of them > 0 (training stops at whichever is reached first)"),
-        (c.unroll_length < 0 or (c.unroll_length == 0 and not c.async_unroll),
+        (c.unroll_length == 0 and not c.async_unroll,
          f"TrainerConfig.unroll_length={c.unroll_length} must be > 0 (env steps per env per iteration; "
          f"a fraction < 1 steps every 1/unroll_length iterations; 0 only with async_unroll=True)"),
-        (c.ddp_paras_check_interval < 0,
-         f"TrainerConfig.ddp_paras_check_interval={c.ddp_paras_check_interval} must be >= 0 (iterations; 0: never)"),
-        (c.max_unroll_length < 0, f"TrainerConfig.max_unroll_length={c.max_unroll_length} must be >= 0 (0: no limit)"),
-        (c.unroll_queue_size < 1, f"TrainerConfig.unroll_queue_size={c.unroll_queue_size} must be >= 1"),
-        (c.unroll_step_interval < 0,
-         f"TrainerConfig.unroll_step_interval={c.unroll_step_interval} must be >= 0 (seconds between env steps)"),
-        (c.unroll_parameter_update_period < 1,
-         f"TrainerConfig.unroll_parameter_update_period={c.unroll_parameter_update_period} must be >= 1"),
-        (c.num_checkpoints < 0, f"TrainerConfig.num_checkpoints={c.num_checkpoints} must be >= 0 (0: no checkpoints)"),
-        (c.initial_collect_steps < 0,
-         f"TrainerConfig.initial_collect_steps={c.initial_collect_steps} must be >= 0 (env steps before training)"),
-        (c.num_updates_per_train_iter < 1,
-         f"TrainerConfig.num_updates_per_train_iter={c.num_updates_per_train_iter} must be >= 1"),
-        (c.replay_buffer_length < 1, f"TrainerConfig.replay_buffer_length={c.replay_buffer_length} must be >= 1"),
-        (c.mini_batch_size is not None and c.mini_batch_size < 1,
-         f"TrainerConfig.mini_batch_size={c.mini_batch_size} must be >= 1 or None"),
-        (c.mini_batch_length is not None and c.mini_batch_length < 1,
-         f"TrainerConfig.mini_batch_length={c.mini_batch_length} must be >= 1 or None"),
-        (c.num_evals is not None and c.num_evals < 1, f"TrainerConfig.num_evals={c.num_evals} must be >= 1 or None"),
-        (c.num_summaries is not None and c.num_summaries < 1,
-         f"TrainerConfig.num_summaries={c.num_summaries} must be >= 1 or None"),
-        (c.summary_interval < 1, f"TrainerConfig.summary_interval={c.summary_interval} must be >= 1 (iterations)"),
-        (not 0 <= c.epsilon_greedy <= 1, f"TrainerConfig.epsilon_greedy={c.epsilon_greedy} must be in [0, 1]"),
-        (c.summaries_flush_secs <= 0,
-         f"TrainerConfig.summaries_flush_secs={c.summaries_flush_secs} must be > 0 (seconds)"),
-        (c.summary_max_queue < 1, f"TrainerConfig.summary_max_queue={c.summary_max_queue} must be >= 1"),
-        (c.metric_min_buffer_size < 1,
-         f"TrainerConfig.metric_min_buffer_size={c.metric_min_buffer_size} must be >= 1 (episodes)"),
     ]
     return [message for failed, message in checks if failed]
 
@@ -363,8 +355,6 @@ def _cross_field_problems(config: TrainerConfig) -> list[str]:
         (c.priority_replay and c.whole_replay_buffer_training,
          "TrainerConfig.priority_replay=True samples mini-batches from the buffer, so it needs "
          "TrainerConfig.whole_replay_buffer_training=False"),
-        (c.priority_replay and not (isinstance(c.priority_replay_eps, (int, float)) and c.priority_replay_eps >= 0),
-         f"TrainerConfig.priority_replay_eps={c.priority_replay_eps!r} must be a number >= 0"),
         (not c.whole_replay_buffer_training and (c.mini_batch_size is None or c.mini_batch_length is None),
          f"TrainerConfig.whole_replay_buffer_training=False needs TrainerConfig.mini_batch_size "
          f"(now {c.mini_batch_size}) and TrainerConfig.mini_batch_length (now {c.mini_batch_length}) to be set"),

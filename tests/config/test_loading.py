@@ -211,6 +211,35 @@ def test_unclosed_bracket_is_reported_where_the_statement_starts():
         "x.gin:2: gin syntax error: EOF in multi-line statement (a bracket or string is never closed)")
 
 
+def test_unclosed_bracket_before_the_next_statement_is_reported_where_it_opens():
+    # gin reads the next statement as part of the open tuple and fails there, one line after the real mistake.
+    write('x.gin', "CfgTestAlgorithm.lr = 0.1\ncfgtest_network.hidden = (64, 64\nCfgTestAlgorithm.gamma = 0.9\n")
+    assert conf_error('x.gin') == (
+        "x.gin:2: gin syntax error: '(' is never closed (line 3 was read as part of it); add the missing ')'")
+
+
+def test_unclosed_reference_call_in_block_and_list():
+    write('x.gin', "CfgTestAlgorithm.network = @cfgtest_network(\n\n# a comment\nCfgTestAlgorithm.lr = 0.1\n")
+    assert conf_error('x.gin') == (
+        "x.gin:1: gin syntax error: '(' is never closed (line 4 was read as part of it); add the missing ')'")
+    write('y.gin', "CfgTestAlgorithm.network = [\n    (1, 2,\n    (3, 4),\n]\n")
+    assert conf_error('y.gin') == (
+        "y.gin:2: gin syntax error: '(' is never closed (']' on line 4 closes the '[' of line 1); "
+        "add the missing ')'")
+
+
+def test_unclosed_bracket_in_included_file_before_the_next_statement():
+    write('confs/base.gin', "cfgtest_network.hidden = [64,\ncfgtest_network.activation = 'tanh'\n")
+    write('confs/main.gin', "CfgTestAlgorithm.lr = 0.1\ninclude 'base.gin'\n")
+    assert conf_error('confs/main.gin') == (
+        "confs/base.gin:1: gin syntax error: '[' is never closed (line 2 was read as part of it); add the missing ']'")
+
+
+def test_syntax_error_inside_a_multi_line_value_keeps_its_line():
+    write('x.gin', "cfgtest_network.hidden = [\n    64,\n    64 64,\n]\n")
+    assert conf_error('x.gin') == "x.gin:3: gin syntax error: Expected ',' or ']'."
+
+
 def test_undefined_macro():
     write('x.gin', """
         learning_rate = 0.1
@@ -347,7 +376,12 @@ def test_load_conf_registers_configurable_packages(tmp_path, monkeypatch):
 # load_config_text
 
 
-def text_error(text, allowed=('alfish',)) -> str:
+# Stored configs are parsed in the restricted mode (alfish.config.untrusted, tested in test_untrusted_config.py): they
+# may use only the configurables of trusted modules, so these tests trust this one, whose configurables they bind.
+TRUSTED = ('alfish', __name__)
+
+
+def text_error(text, allowed=TRUSTED) -> str:
     """The ConfError message load_config_text raises for `text` named 'runs/a/operative.gin'."""
     with pytest.raises(ConfError) as info:
         load_config_text(textwrap.dedent(text).lstrip('\n'), 'runs/a/operative.gin', allowed)
@@ -357,7 +391,7 @@ def text_error(text, allowed=('alfish',)) -> str:
 
 def test_load_config_text_binds_and_applies_overrides():
     load_config_text("import alfish.config\nCfgTestAlgorithm.lr = 0.5\nCfgTestAlgorithm.gamma = 0.5\n",
-                     'runs/a/operative.gin', conf_params=['CfgTestAlgorithm.gamma = 0.25'])
+                     'runs/a/operative.gin', TRUSTED, conf_params=['CfgTestAlgorithm.gamma = 0.25'])
     assert (CfgTestAlgorithm().lr, CfgTestAlgorithm().gamma) == (0.5, 0.25)
 
 
@@ -370,7 +404,8 @@ def test_load_config_text_rejects_foreign_import_before_running_anything(tmp_pat
         import cfgtest_side_effect
     """)
     assert message == ("runs/a/operative.gin:2: import of module 'cfgtest_side_effect' is not allowed in a stored "
-                       "config (only modules under 'alfish' may be imported)")
+                       f"config (trusted: 'alfish', '{__name__}'); if you trust that module, pass --allow_import "
+                       "cfgtest_side_effect")
     assert not marker.exists()
     assert gin_config._CONFIG == {}  # Nothing was bound either.
 
@@ -381,14 +416,14 @@ def test_load_config_text_import_prefix_is_a_module_boundary(statement):
 
 
 def test_load_config_text_allows_configured_prefixes():
-    load_config_text("import os.path\nCfgTestAlgorithm.lr = 0.5\n", 'stored.gin', ('alfish', 'os'))
+    load_config_text("import os.path\nCfgTestAlgorithm.lr = 0.5\n", 'stored.gin', (*TRUSTED, 'os'))
     assert CfgTestAlgorithm().lr == 0.5
 
 
 def test_load_config_text_rejects_include():
     assert text_error("# stored\ninclude 'base.gin'\n") == (
-        "runs/a/operative.gin:2: include 'base.gin' is not allowed in a stored config "
-        "(it must be self-contained and may not read other files)")
+        "runs/a/operative.gin:2: include 'base.gin' is not allowed in a stored config (it would read another file); "
+        "if you trust this root_dir completely, pass --allow_import '*'")
 
 
 @pytest.mark.parametrize('text, message', [
@@ -458,7 +493,7 @@ def test_operative_record_reloads_with_load_config_text(tmp_path):
     CfgTestAlgorithm()
     write_config_record(str(tmp_path))
     text = (tmp_path / 'config' / 'operative.gin').read_text()
-    load_config_text(text, str(tmp_path / 'config' / 'operative.gin'))
+    load_config_text(text, str(tmp_path / 'config' / 'operative.gin'), TRUSTED)
     algorithm = CfgTestAlgorithm()
     assert (algorithm.lr, algorithm.network['hidden']) == (0.5, (16,))
     assert cfgtest_never_called() == 1  # Unused bindings are comments in the record, not restored.

@@ -126,10 +126,11 @@ def test_not_built_yet_lists_the_unbuilt_features():
      "TrainerConfig.unroll_with_grad=False"),
     (dict(async_unroll=True, unroll_length=0.5),
      "TrainerConfig.unroll_length=0.5 must be a whole number with async_unroll=True"),
-    (dict(unroll_queue_size=0), "TrainerConfig.unroll_queue_size=0 must be >= 1"),
-    (dict(unroll_step_interval=-1), "TrainerConfig.unroll_step_interval=-1 must be >= 0 (seconds between env steps)"),
-    (dict(unroll_parameter_update_period=0), "TrainerConfig.unroll_parameter_update_period=0 must be >= 1"),
-    (dict(max_unroll_length=-2), "TrainerConfig.max_unroll_length=-2 must be >= 0 (0: no limit)"),
+    (dict(unroll_queue_size=0), "TrainerConfig.unroll_queue_size = 0: expected an int >= 1"),
+    (dict(unroll_step_interval=-1),
+     "TrainerConfig.unroll_step_interval = -1: expected a number >= 0 (seconds between env steps)"),
+    (dict(unroll_parameter_update_period=0), "TrainerConfig.unroll_parameter_update_period = 0: expected an int >= 1"),
+    (dict(max_unroll_length=-2), "TrainerConfig.max_unroll_length = -2: expected an int >= 0 (0: no limit)"),
 ])
 def test_async_unroll_parameters_are_checked(overrides, message):
     assert error_of(**overrides) == message
@@ -159,16 +160,16 @@ def test_temporally_dependent_train_step_raises():
      "(training stops at whichever is reached first)"),
     (dict(algorithm_ctor=None),
      "TrainerConfig.algorithm_ctor is not set; set it in the conf, e.g. TrainerConfig.algorithm_ctor=@SacAlgorithm"),
-    (dict(num_checkpoints=-1), "TrainerConfig.num_checkpoints=-1 must be >= 0 (0: no checkpoints)"),
+    (dict(num_checkpoints=-1), "TrainerConfig.num_checkpoints = -1: expected an int >= 0 (0: no checkpoints)"),
     (dict(initial_collect_steps=-5),
-     "TrainerConfig.initial_collect_steps=-5 must be >= 0 (env steps before training)"),
-    (dict(num_updates_per_train_iter=0), "TrainerConfig.num_updates_per_train_iter=0 must be >= 1"),
+     "TrainerConfig.initial_collect_steps = -5: expected an int >= 0 (env steps before training)"),
+    (dict(num_updates_per_train_iter=0), "TrainerConfig.num_updates_per_train_iter = 0: expected an int >= 1"),
     (dict(replay_buffer_length=0),  # Also too short for whole-buffer training: both are reported.
-     "2 problems in TrainerConfig: [1] TrainerConfig.replay_buffer_length=0 must be >= 1. "
+     "2 problems in TrainerConfig: [1] TrainerConfig.replay_buffer_length = 0: expected an int >= 1. "
      "[2] TrainerConfig.whole_replay_buffer_training=True needs TrainerConfig.replay_buffer_length (now 0) >= "
      "ceil(TrainerConfig.unroll_length)+1 = 9 (one unroll plus the step to bootstrap from)."),
-    (dict(mini_batch_size=0), "TrainerConfig.mini_batch_size=0 must be >= 1 or None"),
-    (dict(mini_batch_length=0), "TrainerConfig.mini_batch_length=0 must be >= 1 or None"),
+    (dict(mini_batch_size=0), "TrainerConfig.mini_batch_size = 0: expected an int >= 1 or None"),
+    (dict(mini_batch_length=0), "TrainerConfig.mini_batch_length = 0: expected an int >= 1 or None"),
     (dict(whole_replay_buffer_training=False, mini_batch_size=None, mini_batch_length=2),
      "TrainerConfig.whole_replay_buffer_training=False needs TrainerConfig.mini_batch_size (now None) and "
      "TrainerConfig.mini_batch_length (now 2) to be set"),
@@ -186,17 +187,28 @@ def test_temporally_dependent_train_step_raises():
      "TrainerConfig.num_eval_episodes=0 must be >= 1 when TrainerConfig.evaluate=True"),
     (dict(evaluate=True, eval_interval=0),
      "TrainerConfig.eval_interval=0 must be >= 1 (iterations) when TrainerConfig.evaluate=True"),
-    (dict(num_evals=0), "TrainerConfig.num_evals=0 must be >= 1 or None"),
-    (dict(num_summaries=0), "TrainerConfig.num_summaries=0 must be >= 1 or None"),
-    (dict(summary_interval=0), "TrainerConfig.summary_interval=0 must be >= 1 (iterations)"),
-    (dict(epsilon_greedy=-0.1), "TrainerConfig.epsilon_greedy=-0.1 must be in [0, 1]"),
-    (dict(epsilon_greedy=1.5), "TrainerConfig.epsilon_greedy=1.5 must be in [0, 1]"),
-    (dict(summaries_flush_secs=0), "TrainerConfig.summaries_flush_secs=0 must be > 0 (seconds)"),
-    (dict(summary_max_queue=0), "TrainerConfig.summary_max_queue=0 must be >= 1"),
-    (dict(metric_min_buffer_size=0), "TrainerConfig.metric_min_buffer_size=0 must be >= 1 (episodes)"),
+    (dict(num_evals=0), "TrainerConfig.num_evals = 0: expected an int >= 1 or None"),
+    (dict(num_summaries=0), "TrainerConfig.num_summaries = 0: expected an int >= 1 or None"),
+    (dict(summary_interval=0), "TrainerConfig.summary_interval = 0: expected an int >= 1 (iterations)"),
+    (dict(epsilon_greedy=-0.1), "TrainerConfig.epsilon_greedy = -0.1: expected a number in [0, 1]"),
+    (dict(epsilon_greedy=1.5), "TrainerConfig.epsilon_greedy = 1.5: expected a number in [0, 1]"),
+    (dict(summaries_flush_secs=0), "TrainerConfig.summaries_flush_secs = 0: expected a number > 0 (seconds)"),
+    (dict(summary_max_queue=0), "TrainerConfig.summary_max_queue = 0: expected an int >= 1"),
+    (dict(metric_min_buffer_size=0), "TrainerConfig.metric_min_buffer_size = 0: expected an int >= 1 (episodes)"),
     (dict(root_dir=''), "TrainerConfig.root_dir is empty; pass --root_dir to the train command"),
-    (dict(num_iterations='10'), "TrainerConfig.num_iterations='10' must be a number"),
-    (dict(unroll_length=True), "TrainerConfig.unroll_length=True must be a number"),
+    (dict(num_iterations='10'),
+     "TrainerConfig.num_iterations = '10': expected an int >= 0 (0: no limit from iterations)"),
+    (dict(num_iterations=3.5),
+     "TrainerConfig.num_iterations = 3.5: expected an int >= 0 (0: no limit from iterations)"),
+    (dict(num_env_steps=-1), "TrainerConfig.num_env_steps = -1: expected an int >= 0 (0: no limit from env steps)"),
+    (dict(unroll_length=True),
+     "TrainerConfig.unroll_length = True: expected a number >= 0 (env steps per env per iteration)"),
+    (dict(evaluate='yes'), "TrainerConfig.evaluate = 'yes': expected True or False"),
+    (dict(priority_replay_alpha='fast'),
+     "TrainerConfig.priority_replay_alpha = 'fast': expected a number >= 0 or a schedule (e.g. @LinearScheduler())"),
+    (dict(priority_replay_eps=-1e-6), "TrainerConfig.priority_replay_eps = -1e-06: expected a number >= 0"),
+    (dict(code_snapshots='a.py'), "TrainerConfig.code_snapshots = 'a.py': expected a list or tuple of strings or None"),
+    (dict(algorithm_ctor=3), "TrainerConfig.algorithm_ctor = 3: expected a callable (e.g. @Name) or None"),
 ], ids=lambda v: ','.join(f'{k}={v[k]}' for k in v) if isinstance(v, dict) else None)
 def test_range_and_cross_field_checks(overrides, message):
     assert error_of(**overrides) == message
@@ -204,7 +216,8 @@ def test_range_and_cross_field_checks(overrides, message):
 
 @pytest.mark.parametrize('overrides', [
     dict(num_iterations=0, num_env_steps=100),
-    dict(num_iterations=10, num_env_steps=-1),
+    dict(num_iterations=10, num_env_steps=0),
+    dict(priority_replay_alpha=lambda: 0.5, priority_replay_beta=1),
     dict(unroll_length=0.25, replay_buffer_length=2),
     dict(whole_replay_buffer_training=False, mini_batch_size=4, mini_batch_length=2, replay_buffer_length=2),
     dict(evaluate=False, num_eval_environments=0, eval_interval=0),
@@ -215,6 +228,20 @@ def test_boundary_values_are_valid(overrides):
     assert all(getattr(config, k) == v for k, v in overrides.items())
 
 
+def test_a_wrong_type_is_reported_alone():
+    # Range and cross-field checks would compare the string with numbers; only the type is reported.
+    assert error_of(num_iterations='10', summary_interval=0, mini_batch_length=5000) == (
+        "TrainerConfig.num_iterations = '10': expected an int >= 0 (0: no limit from iterations)")
+
+
+def test_whole_floats_are_stored_as_ints():
+    # ALF confs write step counts such as 1e6; downstream code gets ints.
+    config = make(num_iterations=0, num_env_steps=1e6, initial_collect_steps=1e3, mini_batch_size=64.0)
+    assert (config.num_env_steps, config.initial_collect_steps, config.mini_batch_size) == (1000000, 1000, 64)
+    assert all(type(v) is int for v in (config.num_env_steps, config.initial_collect_steps, config.mini_batch_size))
+    assert type(make(unroll_length=2.0).unroll_length) is float  # a float parameter keeps its float
+
+
 def test_several_problems_are_numbered_on_one_line():
     message = error_of(root_dir='', summary_interval=0, profiling=True)
     assert message == (
@@ -222,7 +249,7 @@ def test_several_problems_are_numbered_on_one_line():
         "[1] TrainerConfig.profiling=True is not supported yet in alfish (the profiler integration is not "
         "built yet); remove it from the conf or set it to False. "
         "[2] TrainerConfig.root_dir is empty; pass --root_dir to the train command. "
-        "[3] TrainerConfig.summary_interval=0 must be >= 1 (iterations).")
+        "[3] TrainerConfig.summary_interval = 0: expected an int >= 1 (iterations).")
 
 
 def test_error_from_gin_bound_value_stays_one_line():
@@ -231,7 +258,7 @@ def test_error_from_gin_bound_value_stays_one_line():
     with pytest.raises(TrainerConfigError) as info:
         make()
     assert isinstance(info.value, ValueError)
-    assert str(info.value) == "TrainerConfig.summary_interval=0 must be >= 1 (iterations)"
+    assert str(info.value) == "TrainerConfig.summary_interval = 0: expected an int >= 1 (iterations)"
 
 
 @pytest.mark.parametrize('num_iterations, num_env_steps, unroll_length, num_envs, expected', [
