@@ -1,12 +1,13 @@
 """A batch of gymnasium environments that speaks ``TimeStep`` tensors (DESIGN.md §3.5).
 
-Stepping is done by gymnasium's own vector envs (``SyncVectorEnv`` in-process, ``AsyncVectorEnv`` in subprocesses),
-with next-step autoreset: after a LAST step the env returns FIRST and ignores the action it was given.
+Stepping is done by gymnasium's own vector envs (``SyncVectorEnv`` in-process, ``EnvWorkers``: ``AsyncVectorEnv`` in
+watched subprocesses), with next-step autoreset: after a LAST step the env returns FIRST and ignores the action it was
+given. Each env is made by an ``EnvFactory`` (which, in a worker, first imports what the conf imported) and wrapped in
+``ContractCheck``, so an env that breaks its own contract is one ``EnvContractError`` line, in both vectorizations.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 from typing import Any, Optional
 
@@ -16,20 +17,11 @@ import numpy as np
 import torch
 
 from alfish.data.types import StepType, TimeStep
+from alfish.envs.contract import EnvContractError
+from alfish.envs.factory import EnvFactory
+from alfish.envs.workers import EnvWorkers
 
 VECTORIZATIONS = ("sync", "async")
-
-
-def _make_single_env(env_name: str, env_kwargs: dict, render_mode: Optional[str]) -> gym.Env:
-    """Build one env; module-level so that subprocess workers can unpickle it."""
-    import alfish.envs.toy  # noqa: F401  (registers alfish/* ids in worker processes too)
-
-    try:
-        return gym.make(env_name, render_mode=render_mode, **env_kwargs)
-    except gym.error.Error as err:
-        close = gym.envs.registration.find_highest_version(None, env_name.split("-v")[0]) if "-v" in env_name else None
-        raise ValueError(f"cannot make gymnasium env '{env_name}': {err}"
-                         + (f" (latest registered version: v{close})" if close is not None else "")) from None
 
 
 class BatchedEnv:
@@ -38,6 +30,7 @@ class BatchedEnv:
     Observations: a Box space, returned as ``[B, *obs_shape]`` float32 (integer Boxes such as uint8 images keep their
     dtype, so the replay buffer stores them compactly), or a Dict of Boxes (goal-conditioned envs), returned as a dict
     of such tensors. Actions: Box (float32 ``[B, *action_shape]``, clipped to the bounds) or Discrete (int64 ``[B]``).
+    An env that breaks this contract raises ``EnvContractError`` (one line); a failed async worker ``EnvWorkerError``.
     """
 
     def __init__(
@@ -57,17 +50,16 @@ class BatchedEnv:
         self.env_name = env_name
         self.num_envs = num_envs
         self._step_timeout_s = step_timeout_s
-        fns = [functools.partial(_make_single_env, env_name, dict(env_kwargs or {}), render_mode)] * num_envs
+        fns = [EnvFactory.here(env_name, env_kwargs, render_mode)] * num_envs
         mode = gym.vector.AutoresetMode.NEXT_STEP
         if vectorization == "sync":
             self._venv = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
         else:
-            # forkserver: the workers do not inherit torch's threads or the trainer's signal handlers.
-            self._venv = gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="forkserver")
+            # forkserver workers: they do not inherit torch's threads or the trainer's signal handlers
+            self._venv = EnvWorkers(fns, env_name, step_timeout_s, autoreset_mode=mode)
         self._async = vectorization == "async"
         self.observation_space = self._venv.single_observation_space
         self.action_space = self._venv.single_action_space
-        self._check_spaces()
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
         self.action_shape = () if self.discrete else tuple(self.action_space.shape)
         if not self.discrete:
@@ -79,21 +71,16 @@ class BatchedEnv:
         self._zero_action = torch.zeros((num_envs,) + self.action_shape,
                                         dtype=torch.int64 if self.discrete else torch.float32)
 
-    def _check_spaces(self) -> None:
-        space = self.observation_space
-        leaves = list(space.spaces.values()) if isinstance(space, gym.spaces.Dict) else [space]
-        if not all(isinstance(leaf, gym.spaces.Box) for leaf in leaves):
-            raise ValueError(f"env '{self.env_name}' has observation space {space}; alfish supports Box observations "
-                             "and Dicts of Boxes (wrap the env, e.g. gymnasium.wrappers.FlattenObservation)")
-        if not isinstance(self.action_space, (gym.spaces.Box, gym.spaces.Discrete)):
-            raise ValueError(f"env '{self.env_name}' has action space {self.action_space}; alfish supports Box and "
-                             "Discrete actions")
-
     # ----------------------------------------------------------------------------------------------------------------
     def reset(self, seed: Optional[int] = None) -> TimeStep:
         """Reset every env (env ``i`` seeded ``seed + i``; default: the constructor's seed) and return FIRST steps."""
         seed = self._seed if seed is None else seed
-        obs, _ = self._venv.reset(seed=[seed + i for i in range(self.num_envs)])
+        seeds = [seed + i for i in range(self.num_envs)]
+        if self._async:
+            self._venv.reset_async(seed=seeds)
+            obs, _ = self._venv.reset_wait(timeout=self._step_timeout_s)
+        else:
+            obs, _ = self._venv.reset(seed=seeds)
         self._venv.action_space.seed(seed)  # random_action() is reproducible too
         self._prev_done[:] = False
         n = self.num_envs
@@ -154,9 +141,9 @@ class BatchedEnv:
     def _to_tensor(self, obs: np.ndarray, space: gym.spaces.Box, what: str) -> torch.Tensor:
         expected = (self.num_envs,) + tuple(space.shape)
         if obs.shape != expected:
-            raise ValueError(f"env '{self.env_name}' returned {what} of shape {list(obs.shape)} but its "
-                             f"observation_space {space} with {self.num_envs} envs means "
-                             f"{list(expected)}; fix the env's observation_space or its step/reset")
+            raise EnvContractError(f"env '{self.env_name}' returned {what} of shape {list(obs.shape)} but its "
+                                   f"observation_space {space} with {self.num_envs} envs means "
+                                   f"{list(expected)}; fix the env's observation_space or its step/reset")
         if np.issubdtype(space.dtype, np.integer):
             return torch.as_tensor(obs.astype(space.dtype, copy=False))
         return torch.as_tensor(obs, dtype=torch.float32)
@@ -215,7 +202,8 @@ def environment_settings(
     env_name: any registered gymnasium id (classic control, box2d, MuJoCo, ``alfish/*`` toys).
     num_parallel_environments: ``B``, the number of envs stepped together.
     vectorization: ``'sync'`` (in this process) or ``'async'`` (one subprocess per env, gymnasium AsyncVectorEnv).
-    step_timeout_s: seconds an async step may take before it is an error (a dead or hung worker never hangs training).
+    step_timeout_s: seconds an async step or reset may take (a worker's start-up: at least 60 s) before it is an error
+        naming the worker and showing its Python stack; a worker that dies is an error at once, never a hang.
     """
     return EnvSettings(env_name, num_parallel_environments, seed, vectorization, env_kwargs, render_mode,
                        step_timeout_s)
