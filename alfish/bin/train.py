@@ -2,13 +2,21 @@
 
     python -m alfish.bin.train --conf confs/sac_pendulum.gin --root_dir runs/sac [--conf_param 'Name.param=value' ...]
 
-Re-running with the same --root_dir resumes from its newest valid checkpoint. Under torchrun, a rank that fails writes
-its one-line error to torchrun's error file, so the job's failure summary ("Root Cause") names it; the full traceback
-goes to the rank's stderr.
+Re-running with the same --root_dir resumes from its newest checkpoint that verifies (newer ones that do not are moved
+to ROOT_DIR/checkpoints.damaged-<time>/); when checkpoints exist and none verifies, it refuses to start. --fresh
+starts over, moving the previous checkpoints, TensorBoard events and eval log to ROOT_DIR/before-fresh-<time>/.
+Nothing is deleted either way.
+
+Exit status: 0 when training finished; 2 for a problem found before training starts (the conf, a root_dir that is
+not a writable directory, checkpoints that do not verify), reported in one line; 1 for a failure during training (a
+write the disk refused is reported in one line, other errors with their traceback); 128+N when stopped by signal N.
+Under torchrun, a rank that fails writes its one-line error to torchrun's error file, so the job's failure summary
+("Root Cause") names it; the full traceback goes to the rank's stderr.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -26,6 +34,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--conf_param", action="append", default=[],
                         help="extra gin binding, e.g. 'TrainerConfig.num_iterations=100' (repeatable)")
     parser.add_argument("--root_dir", required=True, help="results directory (checkpoints, TensorBoard, config)")
+    parser.add_argument("--fresh", action="store_true",
+                        help="start over from iteration 0 even if ROOT_DIR has checkpoints (intact or damaged): they "
+                             "are moved, with the TensorBoard events and eval log, to ROOT_DIR/before-fresh-<time>/, "
+                             "never deleted")
     return parser.parse_args(argv)
 
 
@@ -34,20 +46,78 @@ def process_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+class LogFileHandler(logging.FileHandler):
+    """``root_dir/log.txt``. When the disk refuses a write (full, over quota), file logging stops with one warning on
+    stderr instead of logging's "--- Logging error ---" traceback for every later record; stderr logging goes on."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not self.failed:
+            super().emit(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802  (logging's name)
+        from alfish.trainer.disk import write_failure
+
+        err = sys.exc_info()[1]
+        if not isinstance(err, OSError):
+            super().handleError(record)
+            return
+        self.failed = True
+        with contextlib.suppress(OSError):
+            self.close()  # its flush may fail again
+        note = logging.makeLogRecord({"levelno": logging.WARNING, "levelname": "WARNING",
+                                      "msg": f"{write_failure('log file', self.baseFilename, err)}; logging to "
+                                             "stderr only"})
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(self.format(note) + "\n")
+
+
 def setup_logging(root_dir: str) -> None:
-    """Log to stderr; rank 0 also to root_dir/log.txt (other ranks of a torchrun job prefix their lines)."""
-    os.makedirs(root_dir, exist_ok=True)
+    """Log to stderr; rank 0 also to root_dir/log.txt (other ranks of a torchrun job prefix their lines).
+
+    Raises:
+        DiskWriteError: root_dir cannot be created or log.txt cannot be opened (one line saying what to change).
+    """
+    from alfish.trainer.disk import DiskWriteError, write_failure
+
     rank = process_rank()
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    try:
+        os.makedirs(root_dir, exist_ok=True)
+        if rank == 0:
+            handlers.append(LogFileHandler(os.path.join(root_dir, "log.txt")))
+    except OSError as e:
+        raise DiskWriteError(write_failure("", e.filename or root_dir, e)) from e
     prefix = f"[rank {rank}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     fmt = logging.Formatter(f"%(asctime)s {prefix}%(levelname)s %(message)s", "%H:%M:%S")
     root = logging.getLogger()
     root.setLevel(logging.INFO)
-    handlers = [logging.StreamHandler(sys.stderr)]
-    if rank == 0:
-        handlers.append(logging.FileHandler(os.path.join(root_dir, "log.txt")))
     for handler in handlers:
         handler.setFormatter(fmt)
         root.addHandler(handler)
+
+
+def disk_failure(err: BaseException, root_dir: str) -> Optional[str]:
+    """The one-line report of ``err`` if it is the disk refusing a write under ``root_dir`` (alfish's own
+    ``DiskWriteError``, or a full disk, quota or read-only file system anywhere in its chain), else None. It ends by
+    saying which checkpoint is intact."""
+    from alfish.trainer.checkpoint import Checkpointer, CheckpointWriteError
+    from alfish.trainer.disk import DiskWriteError, disk_error_in, write_failure
+
+    if isinstance(err, CheckpointWriteError):
+        return str(err)  # names the last checkpoint already
+    if isinstance(err, DiskWriteError):
+        message = str(err)
+    else:
+        os_err = disk_error_in(err)
+        if os_err is None:
+            return None
+        message = (write_failure("", os_err.filename, os_err) if os_err.filename
+                   else write_failure("under", root_dir, os_err))
+    return f"{message}; {Checkpointer(os.path.join(root_dir, 'checkpoints')).last_checkpoint_note()}"
 
 
 def one_line(err: BaseException) -> str:
@@ -81,26 +151,52 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         record_error_for_torchrun(f"error: {one_line(err)}")
         return 2
-    setup_logging(args.root_dir)
+    from alfish.trainer.disk import DiskWriteError, check_root_dir  # light: no torch
+
+    try:
+        check_root_dir(args.root_dir)  # before anything is built: a file, a read-only folder, a full disk
+        setup_logging(args.root_dir)
+    except DiskWriteError as err:
+        print(f"error: {err}", file=sys.stderr)
+        record_error_for_torchrun(f"error: {err}")
+        return 2
     # after the conf is known good: imports torch-heavy modules
     from alfish.trainer.build import build_trainer
     from alfish.trainer.checkpoint import CheckpointError
 
     try:
-        trainer = build_trainer(config)
-    except (ValueError, TypeError, RuntimeError, CheckpointError) as err:
-        # e.g. a bad algorithm hyperparameter or an unknown env id; gin appends "In call to configurable ..." lines.
-        message = f"could not build the experiment: {one_line(err)}"
+        trainer = build_trainer(config, fresh=args.fresh)
+    except Exception as err:
+        message = disk_failure(err, args.root_dir)
+        if message is None and isinstance(err, CheckpointError):
+            message = one_line(err)  # e.g. no checkpoint verifies: says what to do
+        elif message is None and isinstance(err, (ValueError, TypeError, RuntimeError)):
+            # e.g. a bad algorithm hyperparameter or an unknown env id; gin appends "In call to configurable ..."
+            message = f"could not build the experiment: {one_line(err)}"
+        elif message is None:
+            raise
         logging.error("%s", message)
         record_error_for_torchrun(message)
         return 2
     if process_rank() == 0:
-        write_config_record(args.root_dir)  # logs a warning for each binding that was set but never used
+        try:
+            write_config_record(args.root_dir)  # logs a warning for each binding that was set but never used
+        except OSError as err:
+            trainer.close()
+            message = disk_failure(err, args.root_dir) or f"cannot write the config record: {one_line(err)}"
+            logging.error("%s", message)
+            record_error_for_torchrun(message)
+            return 2
     try:
         return trainer.run()
     except Exception as err:
-        record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}")
-        raise  # the traceback goes to stderr
+        message = disk_failure(err, args.root_dir)
+        if message is None:
+            record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}")
+            raise  # the traceback goes to stderr
+        logging.error("%s", message)  # the disk refused a write: one line, no traceback
+        record_error_for_torchrun(message)
+        return 1
 
 
 if __name__ == "__main__":

@@ -39,15 +39,16 @@ from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.evaluator import Evaluator
 from alfish.trainer.options import RunOptions
-from alfish.trainer.resume import check_resumable
+from alfish.trainer.resume import choose_resume_point
 from alfish.trainer.summary import NullSummaries, Summaries
 from alfish.trainer.trainer import Trainer
 from alfish.trainer.training import OnPolicyTraining, SampledReplayTraining, TrainingStep, WholeBufferTraining
 from alfish.transforms.base import STAGE_READS_BUFFER, DataTransformer
 
 
-def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None) -> Trainer:
-    """The parts of the run ``config`` describes, assembled; ``options`` default to the gin-bound ``Trainer.*``."""
+def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, fresh: bool = False) -> Trainer:
+    """The parts of the run ``config`` describes, assembled; ``options`` default to the gin-bound ``Trainer.*``.
+    ``fresh``: start over, moving the root_dir's previous checkpoints aside (``train --fresh``)."""
     options = options or RunOptions()
     check_combinations(config, options, _declared_on_policy(config))
     if options.num_threads != AUTO:  # ('auto' needs the networks: set once they are built)
@@ -57,9 +58,7 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None) -
     dist = init_distributed(device)
     os.makedirs(config.root_dir, exist_ok=True)
     checkpointer = Checkpointer(os.path.join(config.root_dir, "checkpoints"))
-    resume_from = checkpointer.load_latest()  # every rank reads the same one
-    if resume_from is not None:
-        check_resumable(resume_from, dist.world_size)
+    resume_from = choose_resume_point(config.root_dir, checkpointer, dist, fresh)  # rank 0 chooses for all
     seed = int(broadcast_object(_choose_seed(config, resume_from), dist))
     rank_seed = seed + RANK_SEED_OFFSET * dist.rank
     seed_everything(rank_seed)

@@ -8,26 +8,33 @@ Layout of one checkpoint (``ckpt_root/ckpt-<step>/``)::
 
 A checkpoint is written into ``ckpt_root/.tmp-ckpt-<step>-<pid>/``, every file is fsynced, the manifest is written
 last, and the directory is renamed into place, so ``ckpt-<step>`` either exists complete or not at all. Loading checks
-every file against the manifest and loads tensors with ``torch.load(weights_only=True)``: nothing from the directory
-is unpickled as arbitrary objects or executed.
+every file against the manifest (sizes first, so nothing larger than the manifest says is read; the manifest and
+``meta.json`` themselves are size-bounded) and loads tensors with ``torch.load(weights_only=True, mmap=True)``: nothing
+from the directory is unpickled as arbitrary objects or executed, and tensor data is mapped, not read into memory.
+
+A checkpoint directory is never deleted for failing verification: ``scan`` reports the damaged ones and
+``set_aside`` moves them out of the way (``alfish.trainer.resume`` decides when).
 """
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import json
 import logging
 import operator
 import os
+import pickle
 import re
 import shutil
+import zipfile
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
-__all__ = ["CheckpointError", "LoadedCheckpoint", "Checkpointer"]
+from alfish.trainer.disk import DiskWriteError, write_failure
+
+__all__ = ["CheckpointError", "CheckpointWriteError", "LoadedCheckpoint", "Checkpointer", "Scan"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,10 +49,35 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 # Leaf types that torch.load(weights_only=True) reads back.
 _SCALARS = (bool, int, float, complex, str, bytes, type(None), torch.Size, torch.dtype, torch.device)
 _HASH_CHUNK = 1 << 20  # bytes read at a time when hashing
+# Bounds on what is read into memory from a checkpoint (tensor files are memory-mapped, not read): a manifest lists a
+# handful of files; meta holds counters, RNG states and the operative config (kilobytes).
+MAX_MANIFEST_BYTES = 1 << 20
+MAX_META_BYTES = 64 << 20
 
 
 class CheckpointError(Exception):
-    """A checkpoint could not be written or read; the message is one line saying what is wrong and how to fix it."""
+    """A checkpoint could not be written or read; the message is one line saying what is wrong and how to fix it.
+
+    ``file``: the file (or checkpoint directory) to blame, when there is one.
+    """
+
+    def __init__(self, message: str, file: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.file = file
+
+
+class CheckpointWriteError(CheckpointError, DiskWriteError):
+    """The file system refused a checkpoint write (full disk, quota, read-only, permissions); the checkpoints already
+    written are untouched, and writing another one (e.g. after the crash this causes) would fail the same way."""
+
+
+@dataclasses.dataclass
+class Scan:
+    """What ``Checkpointer.scan`` found: the newest checkpoint that verifies (None if none does) and the newer ones
+    that do not, newest first, each as ``(step, error)``."""
+
+    latest: Optional["LoadedCheckpoint"]
+    damaged: list[tuple[int, CheckpointError]]
 
 
 @dataclasses.dataclass
@@ -149,6 +181,25 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0] if text else type(e).__name__
 
 
+def _load_error(fpath: str, e: Exception) -> CheckpointError:
+    """Why ``torch.load(fpath, weights_only=True, mmap=True)`` failed, in alfish's words: torch's own messages
+    advise loading with ``weights_only=False`` (running whatever the file holds), which alfish never does."""
+    if isinstance(e, pickle.UnpicklingError):
+        found = re.search(r"GLOBAL (\S+) was not an allowed global", str(e))
+        what = f" ({found.group(1)})" if found else ""
+        return CheckpointError(
+            f"checkpoint {fpath} contains Python objects other than tensors{what}; alfish never unpickles those (they "
+            "could run code), so it was not written by alfish or was altered: use a checkpoint from a source you "
+            "trust", file=fpath)
+    if not zipfile.is_zipfile(fpath):
+        return CheckpointError(f"checkpoint {fpath} is not a torch.save zip archive (it was not written by this "
+                               "alfish)", file=fpath)
+    detail = _first_line(e)
+    if "weights_only" in detail:  # torch's advice to load it unsafely: not ours to give
+        detail = type(e).__name__
+    return CheckpointError(f"checkpoint {fpath} cannot be read as tensors ({detail})", file=fpath)
+
+
 def _sha256_of(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -233,14 +284,17 @@ class Checkpointer:
         except (TypeError, ValueError) as e:
             raise CheckpointError(f"meta is not JSON-serializable ({e}); store plain dicts/lists/str/numbers in meta "
                                   "and tensors in `tensors`") from e
+        if len(meta_bytes) > MAX_META_BYTES:
+            raise CheckpointError(f"meta is {len(meta_bytes)} bytes as JSON, more than the {MAX_META_BYTES} bytes a "
+                                  "checkpoint's meta.json may hold; put large data in `tensors`")
 
+        final = self.path_of(step)
         try:
             os.makedirs(self.ckpt_root, exist_ok=True)
         except OSError as e:
-            raise self._write_error(self.ckpt_root, e) from e
+            raise self._write_error(final, "", e) from e
         self._remove_stale_tmp_dirs()
 
-        final = self.path_of(step)
         tmp = os.path.join(self.ckpt_root, f".tmp-ckpt-{step}-{os.getpid()}")
         current = tmp  # the file being written, for the error message
         try:
@@ -270,7 +324,8 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             os_err = _os_error_in(e)
             if os_err is not None and isinstance(e, (OSError, RuntimeError)):
-                raise self._write_error(current, os_err) from e
+                failed = os.path.basename(current) if os.path.dirname(current) == tmp else ""
+                raise self._write_error(final, failed, os_err) from e
             raise
         self._prune(keep=step)
         return final
@@ -303,17 +358,21 @@ class Checkpointer:
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
 
-    def _write_error(self, path: str, e: OSError) -> CheckpointError:
-        reason = e.strerror or str(e)
-        code = errno.errorcode.get(e.errno, "") if e.errno else ""
-        hint = {errno.ENOSPC: " (free some disk space)",
-                getattr(errno, "EDQUOT", errno.ENOSPC): " (free some space or raise the disk quota)",
-                errno.EFBIG: " (the file size limit was reached: check `ulimit -f`)",
-                errno.EACCES: " (check the directory's permissions)", errno.EROFS: " (the file system is read-only)",
-                }.get(e.errno, "")
-        return CheckpointError(
-            f"could not write checkpoint {path}: {reason}{' [' + code + ']' if code else ''}{hint}; "
-            f"the previous checkpoints in {self.ckpt_root} are intact")
+    def _write_error(self, final: str, failed_file: str, e: OSError) -> CheckpointWriteError:
+        """One line: the checkpoint (and its file) that could not be written, why, what to free or change, and that
+        the last checkpoint written before is untouched."""
+        message = write_failure("checkpoint", final, e, file=failed_file)
+        return CheckpointWriteError(f"{message}; {self.last_checkpoint_note()}", file=final)
+
+    def last_checkpoint_note(self) -> str:
+        """'the last checkpoint, <path>, is intact' (or that there is none), for messages about a failed write: a
+        failed save leaves every checkpoint directory as it was."""
+        try:
+            written = self.steps()
+        except CheckpointError:
+            written = []
+        return (f"the last checkpoint, {self.path_of(written[-1])}, is intact" if written
+                else "no checkpoint was written before")
 
     def _remove_stale_tmp_dirs(self) -> None:
         """Delete ``.tmp-*`` directories left by killed saves (not those of a live process saving right now)."""
@@ -346,18 +405,42 @@ class Checkpointer:
         """The newest checkpoint that verifies, or None if there is none.
 
         Checkpoints that fail verification (a file changed, missing or truncated, an unreadable manifest) are skipped
-        with one warning each naming the file, and the next older one is tried.
+        with one warning each naming the file, and the next older one is tried. Nothing is moved or deleted (see
+        ``scan`` and ``set_aside``).
         """
+        return self.scan().latest
+
+    def scan(self) -> Scan:
+        """Verify the checkpoints from the newest down until one loads: that one, and the newer ones that did not
+        (each skipped with one warning naming the file)."""
         steps = self.steps()
+        damaged: list[tuple[int, CheckpointError]] = []
         for i in range(len(steps) - 1, -1, -1):
             try:
-                return self._load(steps[i])
+                return Scan(self._load(steps[i]), damaged)
             except CheckpointError as e:
+                damaged.append((steps[i], e))
                 if i > 0:
                     logger.warning("%s; falling back to an older checkpoint (step %d)", e, steps[i - 1])
                 else:
                     logger.warning("%s; no older checkpoint is left to fall back to", e)
-        return None
+        return Scan(None, damaged)
+
+    def set_aside(self, steps: list[int], dest: str) -> list[str]:
+        """Move the checkpoint directories of ``steps`` into the directory ``dest`` (created; it must not hold them
+        yet), never deleting anything; returns their new paths. Used for checkpoints that did not verify, so that no
+        later save replaces a file nobody could read."""
+        os.makedirs(dest, exist_ok=True)
+        moved = []
+        for step in steps:
+            target = os.path.join(dest, os.path.basename(self.path_of(step)))
+            if os.path.lexists(target):
+                raise CheckpointError(f"cannot move {self.path_of(step)} aside: {target} exists; move one of them "
+                                      "elsewhere and rerun")
+            os.rename(self.path_of(step), target)
+            moved.append(target)
+        _fsync_dir(self.ckpt_root)
+        return moved
 
     def load(self, step: int) -> LoadedCheckpoint:
         """Load exactly the checkpoint of training iteration ``step``, after verifying it against its manifest.
@@ -369,76 +452,85 @@ class Checkpointer:
         try:
             return self._load(step)
         except CheckpointError as e:
-            raise CheckpointError(f"{e}; delete {self.path_of(step)} or load another step") from e
+            if not os.path.isdir(self.path_of(step)):
+                raise  # the message already lists the steps there are
+            raise CheckpointError(f"{e}; load another step (available: {self.steps()}) or move {self.path_of(step)} "
+                                  "out of the checkpoints folder", file=e.file) from e
 
     def _load(self, step: int) -> LoadedCheckpoint:
         path = self.path_of(step)
         if not os.path.isdir(path):
             raise CheckpointError(f"no checkpoint at step {step}: {path} does not exist "
-                                  f"(available steps: {self.steps() or 'none'})")
+                                  f"(available steps: {self.steps() or 'none'})", file=path)
         manifest = self._verify(path, step)
         mpath = os.path.join(path, META)
         try:
             with open(mpath, "rb") as f:
-                meta = json.loads(f.read().decode("utf-8"))
+                meta = json.loads(f.read(MAX_META_BYTES + 1).decode("utf-8"))
         except (OSError, ValueError) as e:  # unreadable, bad UTF-8 or JSON
-            raise CheckpointError(f"checkpoint {mpath} cannot be read ({_first_line(e)})") from e
+            raise CheckpointError(f"checkpoint {mpath} cannot be read ({_first_line(e)})", file=mpath) from e
         if not isinstance(meta, dict):
-            raise CheckpointError(f"checkpoint {mpath} does not hold a JSON object")
+            raise CheckpointError(f"checkpoint {mpath} does not hold a JSON object", file=mpath)
         tensors = {}
         for fname in manifest["files"]:
             if not fname.endswith(".pt"):
                 continue
             fpath = os.path.join(path, fname)
             try:
-                tensors[fname[:-3]] = torch.load(fpath, map_location="cpu", weights_only=True)
+                # mmap: tensor data stays in the file (the page cache) until used; only the small pickle is read
+                tensors[fname[:-3]] = torch.load(fpath, map_location="cpu", weights_only=True, mmap=True)
             except Exception as e:  # UnpicklingError for a disallowed global, RuntimeError for a bad archive, ...
-                raise CheckpointError(f"checkpoint {fpath} cannot be loaded with torch.load(weights_only=True) "
-                                      f"({_first_line(e)})") from e
+                raise _load_error(fpath, e) from e
         return LoadedCheckpoint(step=step, path=path, tensors=tensors, meta=meta)
 
     @staticmethod
     def _verify(path: str, step: int) -> dict:
         """Check ``path`` against its manifest and return the manifest; CheckpointError names the failing file."""
         mpath = os.path.join(path, MANIFEST)
+
+        def bad(message: str, file: str = mpath) -> CheckpointError:
+            return CheckpointError(f"checkpoint {file} {message}", file=file)
+
         try:
             with open(mpath, "rb") as f:
-                manifest = json.loads(f.read().decode("utf-8"))
+                raw = f.read(MAX_MANIFEST_BYTES + 1)
+            if len(raw) > MAX_MANIFEST_BYTES:
+                raise bad(f"is larger than the {MAX_MANIFEST_BYTES} bytes a manifest may have (it was not written by "
+                          "alfish)")
+            manifest = json.loads(raw.decode("utf-8"))
         except FileNotFoundError:
-            raise CheckpointError(f"checkpoint {mpath} is missing (the directory was damaged or not written by "
-                                  "alfish)") from None
+            raise bad("is missing (the directory was damaged or not written by alfish)") from None
         except (OSError, ValueError) as e:
-            raise CheckpointError(f"checkpoint {mpath} is not a valid manifest ({type(e).__name__}: "
-                                  f"{_first_line(e)})") from e
+            raise bad(f"is not a valid manifest ({type(e).__name__}: {_first_line(e)})") from e
         if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-            raise CheckpointError(f"checkpoint {mpath} is not a valid manifest (no 'files' table)")
+            raise bad("is not a valid manifest (no 'files' table)")
         if manifest.get("format") != FORMAT:
-            raise CheckpointError(f"checkpoint {mpath} has format {manifest.get('format')!r}, this alfish reads "
-                                  f"format {FORMAT}")
+            raise bad(f"has format {manifest.get('format')!r}, this alfish reads format {FORMAT}")
         if manifest.get("step") != step:
-            raise CheckpointError(f"checkpoint {mpath} records step {manifest.get('step')!r} but its directory "
-                                  f"says step {step}")
+            raise bad(f"records step {manifest.get('step')!r} but its directory says step {step}")
         files = manifest["files"]
         if META not in files:
-            raise CheckpointError(f"checkpoint {mpath} does not list {META}")
+            raise bad(f"does not list {META}")
         for fname, rec in files.items():
             if not (fname == META or (fname.endswith(".pt") and _NAME_RE.match(fname[:-3]))):
-                raise CheckpointError(f"checkpoint {mpath} lists an invalid file name {fname!r}")
+                raise bad(f"lists an invalid file name {fname!r}")
             fpath = os.path.join(path, fname)
             if not isinstance(rec, dict) or not isinstance(rec.get("sha256"), str) or \
-                    not isinstance(rec.get("bytes"), int):
-                raise CheckpointError(f"checkpoint {mpath} has a malformed entry for {fname!r}")
+                    isinstance(rec.get("bytes"), bool) or not isinstance(rec.get("bytes"), int):
+                raise bad(f"has a malformed entry for {fname!r}")
+            if fname == META and rec["bytes"] > MAX_META_BYTES:
+                raise bad(f"says {META} has {rec['bytes']} bytes, more than the {MAX_META_BYTES} bytes alfish "
+                          "reads (it was not written by alfish)")
             try:
                 size = os.path.getsize(fpath)
             except FileNotFoundError:
-                raise CheckpointError(f"checkpoint {fpath} is missing (listed in its manifest)") from None
+                raise bad("is missing (listed in its manifest)", fpath) from None
             if size != rec["bytes"]:
-                raise CheckpointError(f"checkpoint {fpath} does not match its manifest (size {size} bytes, "
-                                      f"manifest says {rec['bytes']})")
+                raise bad(f"does not match its manifest (size {size} bytes, manifest says {rec['bytes']})", fpath)
             digest = _sha256_of(fpath)
             if digest != rec["sha256"]:
-                raise CheckpointError(f"checkpoint {fpath} does not match its manifest (sha256 {digest[:16]}..., "
-                                      f"manifest says {rec['sha256'][:16]}...)")
+                raise bad(f"does not match its manifest (sha256 {digest[:16]}..., manifest says "
+                          f"{rec['sha256'][:16]}...)", fpath)
         return manifest
 
     @staticmethod

@@ -11,10 +11,18 @@ A checkpoint resumes only with the world size that wrote it: each rank has its o
 would be a different run. A layout-2 checkpoint without ``world_size`` was written before alfish recorded it and is
 read as a 1-rank job: multi-rank jobs then split the conf's envs and batch across ranks, so such a job cannot be
 continued under today's per-rank settings anyway.
+
+Choosing the resume point (``choose_resume_point``) never costs a checkpoint: the newest one that verifies is
+resumed; newer ones that do not verify are moved to ``<root_dir>/checkpoints.damaged-<time>/`` (with a warning) so
+that no later save replaces a file nobody could read; when checkpoints exist and none verifies, the run refuses to
+start and names them. ``--fresh`` (``fresh=True``) starts over: the previous run's checkpoints, TensorBoard events and
+evaluation log are moved to ``<root_dir>/before-fresh-<time>/`` first. Nothing is ever deleted.
 """
 from __future__ import annotations
 
 import logging
+import os
+import time
 from typing import Optional
 
 import gin
@@ -25,15 +33,20 @@ from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import example_experience
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.envs.spec import EnvSpec
+from alfish.learn.distributed import DistContext, broadcast_object
 from alfish.learn.learner import Learner
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.seeding import reseed, seed_everything
-from alfish.trainer.checkpoint import CheckpointError, LoadedCheckpoint
+from alfish.trainer.checkpoint import Checkpointer, CheckpointError, CheckpointWriteError, LoadedCheckpoint
 from alfish.trainer.counters import Counters
+from alfish.trainer.disk import write_failure
 from alfish.trainer.rng import capture_rng_state, restore_rng_state
 from alfish.transforms.base import DataTransformer
 
 CHECKPOINT_LAYOUT = 2
+# What a run leaves in its root_dir that a run started over would mix with its own (``--fresh`` moves them aside).
+RUN_STATE = ("checkpoints", "tb", "eval_log.jsonl")
+_MAX_LISTED = 4  # damaged checkpoints named in the refusal, the rest counted
 
 
 def check_resumable(ckpt: LoadedCheckpoint, world_size: Optional[int] = None) -> None:
@@ -95,3 +108,93 @@ def restore(ckpt: LoadedCheckpoint, *, algorithm: Algorithm, transformer: DataTr
     if rank > 0:
         seed_everything(reseed(rank_seed, counters.iteration))
     logging.info("resumed from %s: iteration %d, env steps %d", ckpt.path, counters.iteration, counters.env_steps)
+
+
+def choose_resume_point(root_dir: str, checkpointer: Checkpointer, dist_ctx: DistContext,
+                        fresh: bool = False) -> Optional[LoadedCheckpoint]:
+    """The checkpoint this run resumes from (None: it starts at iteration 0), the same on every rank.
+
+    Rank 0 decides: with ``fresh`` it first moves the previous run aside (``start_over``); then it resumes from the
+    newest checkpoint that verifies, moving newer damaged ones aside, and refuses when checkpoints exist but none
+    verifies. The other ranks load the step rank 0 chose (or raise its error), so no rank reads a checkpoint that
+    rank 0 is moving.
+
+    Raises:
+        CheckpointError: every checkpoint is damaged (one line naming them and the choices), or the chosen one cannot
+            be resumed by this job (``check_resumable``).
+    """
+    if dist_ctx.is_main:
+        error: Optional[BaseException] = None
+        try:
+            ckpt = _choose_on_main(root_dir, checkpointer, fresh)
+            decision = ("resume", ckpt.step) if ckpt is not None else ("start", None)
+        except OSError as e:  # moving checkpoints aside failed (permissions, a read-only or full disk)
+            ckpt, error = None, CheckpointWriteError(write_failure("", e.filename or root_dir, e))
+            error.__cause__ = e
+            decision = ("error", str(error))
+        except Exception as e:  # noqa: BLE001  (the other ranks must hear of any failure, not wait for a timeout)
+            ckpt, error, decision = None, e, ("error", " ".join(str(e).split()))
+        broadcast_object(decision, dist_ctx)
+        if error is not None:
+            raise error
+    else:
+        decision = broadcast_object(None, dist_ctx)
+        if decision[0] == "error":
+            raise CheckpointError(f"rank 0 could not choose the checkpoint to resume from: {decision[1]}")
+        ckpt = checkpointer.load(decision[1]) if decision[0] == "resume" else None
+    if ckpt is not None:
+        check_resumable(ckpt, dist_ctx.world_size)
+    return ckpt
+
+
+def _choose_on_main(root_dir: str, checkpointer: Checkpointer, fresh: bool) -> Optional[LoadedCheckpoint]:
+    if fresh:
+        start_over(root_dir)
+    scan = checkpointer.scan()
+    if scan.latest is None and scan.damaged:
+        raise CheckpointError(refusal_message(root_dir, checkpointer, scan.damaged))
+    if scan.damaged:  # newer than the one resumed: keep them, out of the way of this run's saves
+        dest = _unique_path(os.path.join(root_dir, f"checkpoints.damaged-{_timestamp()}"))
+        checkpointer.set_aside([step for step, _ in scan.damaged], dest)
+        logging.warning("moved %d checkpoint(s) that do not verify (newer than step %d) to %s; nothing was deleted",
+                        len(scan.damaged), scan.latest.step, dest)
+    return scan.latest
+
+
+def refusal_message(root_dir: str, checkpointer: Checkpointer,
+                    damaged: list[tuple[int, CheckpointError]]) -> str:
+    """One line: which checkpoints fail verification (their first bad file), and what the user can do."""
+    listed = [e.file or checkpointer.path_of(step) for step, e in damaged[:_MAX_LISTED]]
+    more = f" and {len(damaged) - _MAX_LISTED} more" if len(damaged) > _MAX_LISTED else ""
+    return (f"none of the {len(damaged)} checkpoint(s) in {checkpointer.ckpt_root} verifies (damaged: "
+            f"{', '.join(listed)}{more}; the warnings above say why); to start from iteration 0 rerun with --fresh "
+            f"(moves them to {os.path.join(root_dir, 'before-fresh-<time>')}, deletes nothing), or put intact "
+            "copies back to resume")
+
+
+def start_over(root_dir: str) -> Optional[str]:
+    """Move the previous run's checkpoints, TensorBoard events and evaluation log (``RUN_STATE``) into
+    ``<root_dir>/before-fresh-<time>/``; returns that folder, or None when there was nothing to move."""
+    present = [name for name in RUN_STATE if os.path.lexists(os.path.join(root_dir, name))]
+    if not present:
+        return None
+    dest = _unique_path(os.path.join(root_dir, f"before-fresh-{_timestamp()}"))
+    os.makedirs(dest)
+    for name in present:
+        os.rename(os.path.join(root_dir, name), os.path.join(dest, name))
+    logging.warning("--fresh: moved %s to %s (nothing was deleted); training starts from iteration 0",
+                    ", ".join(present), dest)
+    return dest
+
+
+def _timestamp() -> str:
+    return time.strftime("%Y%m%d-%H%M%S")
+
+
+def _unique_path(path: str) -> str:
+    """``path``, or ``path-2``, ``path-3``, ... if it exists (two set-asides within a second)."""
+    candidate, n = path, 1
+    while os.path.lexists(candidate):
+        n += 1
+        candidate = f"{path}-{n}"
+    return candidate

@@ -91,7 +91,7 @@ def test_an_error_during_training_is_written_for_torchrun_as_one_line(tmp_path, 
 
     error_file = tmp_path / "error.json"
     monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
-    monkeypatch.setattr("alfish.trainer.build.build_trainer", lambda config: FailingTrainer())
+    monkeypatch.setattr("alfish.trainer.build.build_trainer", lambda config, **kwargs: FailingTrainer())
     monkeypatch.setattr(train, "setup_logging", lambda root_dir: None)
     try:
         with pytest.raises(RuntimeError, match="the simulator went away"):  # still raised: the traceback is printed
