@@ -41,6 +41,7 @@ from torch import nn
 
 from alfish.data.types import Experience, LossInfo
 from alfish.errors import OneLineValueError
+from alfish.learn import heartbeat
 from alfish.learn.device import CPU
 from alfish.transforms.normalizers import RunningMeanStd
 
@@ -263,14 +264,21 @@ def merge_statistics_across_ranks(module: nn.Module, ctx: DistContext) -> None:
         offset += size
 
 
-def any_rank(flags: Sequence[bool], ctx: DistContext) -> list[bool]:
+def any_rank(flags: Sequence[bool], ctx: DistContext, iteration: int | None = None) -> list[bool]:
     """Each flag True on every rank when it is True on any (a stop signal must stop all ranks at the same
-    iteration); one small all-reduce for all of them."""
+    iteration); one small all-reduce for all of them. Called once per iteration, it also records this rank's progress
+    (``heartbeat.beat``), so a collective timeout can name the rank that stopped."""
     if not ctx.enabled:
         return list(flags)
+    _AnyRankCalls.count += 1
+    heartbeat.beat(_AnyRankCalls.count if iteration is None else iteration, ctx.rank)
     values = torch.tensor([int(f) for f in flags])
     dist.all_reduce(values, op=dist.ReduceOp.MAX)
     return [bool(v) for v in values.tolist()]
+
+
+class _AnyRankCalls:
+    count = 0  # the progress recorded when the caller gives no iteration
 
 
 def broadcast_object(obj: object, ctx: DistContext) -> object:
@@ -290,3 +298,17 @@ def shutdown(ctx: DistContext, synchronize: bool = False) -> None:
         if synchronize:
             dist.barrier()
         dist.destroy_process_group()
+
+
+class RankStoppedError(RuntimeError):
+    """A collective timed out because another rank stopped making progress; the message names that rank."""
+
+
+def explain_collective_timeout(error: BaseException, ctx: DistContext) -> BaseException:
+    """``error`` itself, or a ``RankStoppedError`` naming the rank(s) that stopped when ``error`` is a collective
+    timeout that a hung peer caused (``heartbeat.diagnose_timeout``; waits up to ``heartbeat.GRACE_S``). Call it while
+    the process group is still up, and raise the result ``from error``."""
+    if not ctx.enabled or not heartbeat.is_timeout(error):
+        return error
+    line = heartbeat.diagnose_timeout(ctx.rank, ctx.world_size)
+    return error if line is None else RankStoppedError(line)

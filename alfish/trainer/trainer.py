@@ -2,7 +2,9 @@
 
 ``Trainer.run`` reads top to bottom: restore or start, warm up, then iterate until ``num_iterations`` or
 ``num_env_steps``; a SIGTERM/SIGINT writes a checkpoint and exits, SIGUSR2 writes one and continues, a crash writes
-one (asking first only on a terminal) and re-raises. The parts are assembled by ``alfish.trainer.build``.
+one (asking first only on a terminal) and re-raises, except when the crash is the disk refusing a write (a full disk,
+a quota, a read-only file system): another write would fail the same way. The parts are assembled by
+``alfish.trainer.build``.
 """
 from __future__ import annotations
 
@@ -20,13 +22,14 @@ from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
 from alfish.config.trainer_config import TrainerConfig
 from alfish.errors import NonFiniteLossError
-from alfish.learn.distributed import DistContext, any_rank, check_parameters_equal, shutdown
+from alfish.learn.distributed import DistContext, any_rank, check_parameters_equal, explain_collective_timeout, shutdown
 from alfish.learn.learner import Learner
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.schedulers import reset_progress, scheduler_summaries, update_progress
 from alfish.seeding import reseed
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
+from alfish.trainer.disk import DiskWriteError, disk_error_in
 from alfish.trainer.evaluator import Evaluator, record_evaluation
 from alfish.trainer.options import RunOptions
 from alfish.trainer.progress import Progress
@@ -84,7 +87,11 @@ class Trainer:
                         return exit_code
                 self._finish()
             except (KeyboardInterrupt, Exception) as err:
+                # a collective that timed out on this rank names the rank that hung (while the group is still up)
+                explained = explain_collective_timeout(err, self.dist)
                 self._checkpoint_after_crash(err)
+                if explained is not err:
+                    raise explained from err
                 raise
             finally:
                 if progress is not None:
@@ -127,6 +134,7 @@ class Trainer:
             self._evaluate()
         if self.config.num_checkpoints > 0 and not self.plan.checkpoint_due(it):
             self.save_checkpoint()
+        self.summaries.flush()  # a failed event write surfaces here, not lost in the writer's thread
         shutdown(self.dist, synchronize=True)  # every rank is done: no collective is left in flight
 
     def close(self) -> None:
@@ -162,7 +170,8 @@ class Trainer:
     def _act_on_signals(self, signals: SignalRequests) -> Optional[int]:
         """Checkpoint and/or stop as signalled; ranks act together (a signal reaches them at slightly different
         iterations). Returns the exit code when stopping."""
-        checkpoint_now, stop_now = any_rank([signals.checkpoint_requested, signals.stop_requested], self.dist)
+        checkpoint_now, stop_now = any_rank([signals.checkpoint_requested, signals.stop_requested], self.dist,
+                                           iteration=self.counters.iteration)
         if checkpoint_now:
             signals.clear_checkpoint_request()  # before saving: a SIGUSR2 during the save is kept
             self.save_checkpoint()
@@ -209,10 +218,14 @@ class Trainer:
         return path
 
     def _checkpoint_after_crash(self, err: BaseException) -> None:
-        """Write a checkpoint after a crash, unless the model is broken (a NaN loss) or checkpoints are off."""
+        """Write a checkpoint after a crash, unless the model is broken (a NaN loss), checkpoints are off, or the
+        crash is the disk refusing a write (a failed checkpoint or event write, a full disk): saving would only add
+        a second failure of the same kind to the first."""
         if (self.config.num_checkpoints <= 0 or isinstance(err, NonFiniteLossError) or not self.dist.is_main
                 or not self.started):
             return  # a NaN model, or one never restored, is not worth saving over the last good checkpoint
+        if isinstance(err, DiskWriteError) or disk_error_in(err) is not None:
+            return
         try:
             if confirm_checkpoint_on_crash(self.config.confirm_checkpoint_upon_crash, sys.stdin):
                 logging.error("training crashed (%s: %s); writing a checkpoint", type(err).__name__, err)

@@ -1,0 +1,58 @@
+"""The collective-timeout diagnosis names the rank that stopped making progress (a real TCPStore, as torchrun's)."""
+import re
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from alfish.learn import heartbeat
+
+
+@pytest.fixture
+def store():
+    return dist.TCPStore("127.0.0.1", 0, world_size=None, is_master=True, timeout=timedelta(seconds=5),
+                         wait_for_workers=False)
+
+
+@pytest.fixture(autouse=True)
+def no_throttle(monkeypatch):
+    monkeypatch.setattr(heartbeat._State, "last_write", float("-inf"))
+
+
+def test_the_rank_that_did_not_time_out_is_named_with_its_last_iteration(store):
+    heartbeat.beat(41, rank=1, store=store)
+    heartbeat._State.last_write = float("-inf")
+    heartbeat.beat(42, rank=0, store=store)
+    line = heartbeat.diagnose_timeout(rank=0, world_size=2, grace_s=0.5, store=store)
+    assert re.match(r"rank 1 \(last progress: iteration 41, [01] s ago\) stopped making progress", line), line
+    assert "rank 0 timed out waiting for it in a collective" in line
+    assert "\n" not in line
+
+
+def test_no_rank_is_blamed_when_every_rank_timed_out(store):
+    store.set("alfish/timed_out/1", "0")  # rank 1 timed out too: a mismatched collective, not a hung rank
+    assert heartbeat.diagnose_timeout(rank=0, world_size=2, grace_s=0.5, store=store) is None
+
+
+def test_several_silent_ranks_and_a_rank_that_never_beat(store):
+    heartbeat.beat(7, rank=2, store=store)
+    line = heartbeat.diagnose_timeout(rank=0, world_size=3, grace_s=0.2, store=store)
+    assert re.match(r"rank 1 \(no progress recorded\), rank 2 \(last progress: iteration 7, [01] s ago\) all "
+                    r"stopped making progress", line), line
+    assert "waiting for them" in line
+
+
+def test_beats_are_throttled(store):
+    heartbeat.beat(1, rank=0, store=store)
+    heartbeat.beat(2, rank=0, store=store)  # within BEAT_INTERVAL_S of the first: not written
+    assert store.get("alfish/progress/0").decode().split()[0] == "1"
+
+
+@pytest.mark.parametrize("error, expected", [
+    (RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 10000ms for recv operation"), True),
+    (RuntimeError("Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7)"), True),
+    (RuntimeError("Connection reset by peer"), False),
+    (ValueError("timed out"), False),
+])
+def test_is_timeout(error, expected):
+    assert heartbeat.is_timeout(error) is expected
