@@ -23,6 +23,7 @@ import signal
 import time
 from typing import Any, Callable, Optional
 
+import psutil
 import torch
 
 from alfish.algorithms.base import Algorithm
@@ -48,6 +49,17 @@ class ReceivedStep:
     env_step_s: float  # wall-clock of the env.step call in the child
 
 
+STOPPED_GRACE_S = 5.0  # a stopped child is an error after this much silence (a brief Ctrl-Z/bg is forgiven)
+
+
+def _is_stopped(pid: int) -> bool:
+    """True when process ``pid`` is stopped (SIGSTOP/SIGTSTP, or traced by a debugger)."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False  # gone: check_child reports it
+
+
 class AsyncCollector(Collector):
     """Starts the child, publishes parameters to it and collects its steps.
 
@@ -55,12 +67,15 @@ class AsyncCollector(Collector):
     max_unroll_length: ``collect(0)`` takes what has arrived, at most this many steps per env (0: no limit).
     parameter_update_period: iterations between two publishes of the rollout parameters.
     stall_timeout_s: a blocking ``collect`` that receives nothing for this long is an error even if the child is
-    alive (a hung env); the same bound applies to the child's start-up (building its envs).
+    alive (a hung env); ``build.py`` passes the env's ``create_environment.step_timeout_s``. A child that is stopped
+    (SIGSTOP, a debugger) is an error after ``STOPPED_GRACE_S`` of silence. The child's start-up (building its envs)
+    may take ``startup_timeout_s``.
     device: the training device (the child acts on ``DevicePolicy.rollout_device``, the CPU by default).
     """
 
     def __init__(self, spec: UnrollSpec, queue_size: int, max_unroll_length: int = 0,
-                 parameter_update_period: int = 1, stall_timeout_s: float = 300.0, device: torch.device = CPU):
+                 parameter_update_period: int = 1, stall_timeout_s: float = 60.0, device: torch.device = CPU,
+                 startup_timeout_s: float = 300.0):
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or signal handlers
         self.shared = SharedParams(self._ctx)
         self._steps = self._ctx.Queue(maxsize=queue_size)
@@ -71,6 +86,7 @@ class AsyncCollector(Collector):
         self.max_unroll_length = max_unroll_length
         self.parameter_update_period = parameter_update_period
         self.stall_timeout_s = stall_timeout_s
+        self.startup_timeout_s = startup_timeout_s
         self.device = device  # the training device: the data transformers' statistics live there
         self.block: Optional[ParamBlock] = None
         self.policy_lag = PolicyLag()
@@ -88,7 +104,7 @@ class AsyncCollector(Collector):
         self.stats = EpisodeStats(self.spec.num_envs)
 
     def _receive_spec(self) -> Any:
-        deadline = time.monotonic() + self.stall_timeout_s
+        deadline = time.monotonic() + self.startup_timeout_s
         while True:
             try:
                 return self._replies.get(timeout=POLL_S)
@@ -96,7 +112,7 @@ class AsyncCollector(Collector):
                 self.check_child()
                 if time.monotonic() > deadline:
                     raise AsyncUnrollError(f"the async unroll child (pid {self.process.pid}) did not report its envs "
-                                           f"within {self.stall_timeout_s:.0f} s; is creating the environment hung?"
+                                           f"within {self.startup_timeout_s:.0f} s; is creating the environment hung?"
                                            ) from None
 
     def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
@@ -159,7 +175,13 @@ class AsyncCollector(Collector):
                 self.check_child()
                 if num_steps is None:
                     break
-                if time.monotonic() - last_arrival > self.stall_timeout_s:
+                silent_s = time.monotonic() - last_arrival
+                if silent_s > STOPPED_GRACE_S and _is_stopped(self.process.pid):
+                    raise AsyncUnrollError(
+                        f"the async unroll child (pid {self.process.pid}) is stopped (SIGSTOP or a debugger) and sent "
+                        f"no env step for {silent_s:.0f} s; do not stop the child of a running job (re-run the same "
+                        "command to resume from the last checkpoint)") from None
+                if silent_s > self.stall_timeout_s:
                     raise AsyncUnrollError(f"the async unroll child (pid {self.process.pid}) is alive but sent no "
                                            f"env step for {self.stall_timeout_s:.0f} s; is the environment hung?"
                                            ) from None

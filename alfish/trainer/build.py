@@ -143,7 +143,8 @@ def build_collector(config: TrainerConfig, options: RunOptions, rank_seed: int,
                           root_dir=config.root_dir, step_interval_s=config.unroll_step_interval,
                           parent_pid=os.getpid())
         return AsyncCollector(spec, config.unroll_queue_size, config.max_unroll_length,
-                              config.unroll_parameter_update_period, device=device)
+                              config.unroll_parameter_update_period,
+                              stall_timeout_s=spec.env_settings.step_timeout_s, device=device)
     return SyncCollector(create_environment(seed=rank_seed), options.random_warm_up_actions, device)
 
 

@@ -176,6 +176,22 @@ def test_killed_child_is_reported_with_signal_and_pid_and_close_leaves_no_proces
         os.kill(pid, 0)
 
 
+def test_stopped_child_is_reported_after_the_grace_and_close_leaves_no_process(rig_factory):
+    rig = rig_factory(SAC_POINT_GOAL, queue_size=1000)
+    rig.unroller.receive(5)
+    pid = rig.unroller.process.pid
+    os.kill(pid, signal.SIGSTOP)  # alive, but never sends again
+    rig.unroller.receive(None)  # what arrived before the stop
+    start = time.monotonic()
+    with pytest.raises(AsyncUnrollError, match=rf"the async unroll child \(pid {pid}\) is stopped \(SIGSTOP or a "
+                                               r"debugger\) and sent no env step for \d+ s; do not stop"):
+        rig.unroller.receive(10_000)
+    assert time.monotonic() - start < 10  # STOPPED_GRACE_S (5 s), not the stall timeout (60 s)
+    rig.unroller.close()
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
 def test_close_stops_a_child_blocked_on_a_full_queue(rig_factory):
     rig = rig_factory(SAC_POINT_GOAL, queue_size=2)
     rig.unroller.receive(1)
