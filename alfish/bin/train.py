@@ -9,9 +9,10 @@ Nothing is deleted either way.
 
 Exit status: 0 when training finished; 2 for a problem found before training starts (the conf, a root_dir that is
 not a writable directory, checkpoints that do not verify), reported in one line; 1 for a failure during training (a
-write the disk refused is reported in one line, other errors with their traceback); 128+N when stopped by signal N.
+write the disk refused, a NaN loss, a dead or hung child, env worker or rank, an env breaking its contract: reported
+by their message alone; anything else, i.e. a bug, with its traceback); 128+N when stopped by signal N.
 Under torchrun, a rank that fails writes its one-line error to torchrun's error file, so the job's failure summary
-("Root Cause") names it; the full traceback goes to the rank's stderr.
+("Root Cause") names it; a traceback goes to the rank's stderr.
 """
 from __future__ import annotations
 
@@ -142,6 +143,18 @@ def record_error_for_torchrun(message: str) -> None:
         logging.warning("could not write torchrun's error file %s: %s", path, err)
 
 
+def known_run_failures() -> tuple[type[BaseException], ...]:
+    """The errors alfish raises after diagnosing a failure during training; reported as their message alone (an env
+    worker's message carries the worker's own traceback)."""
+    from alfish.collect.shared_params import AsyncUnrollError
+    from alfish.envs.contract import EnvContractError
+    from alfish.envs.workers import EnvWorkerError
+    from alfish.errors import NonFiniteLossError
+    from alfish.learn.distributed import RankStoppedError
+
+    return NonFiniteLossError, AsyncUnrollError, EnvWorkerError, EnvContractError, RankStoppedError
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     try:
@@ -191,6 +204,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return trainer.run()
     except Exception as err:
         message = disk_failure(err, args.root_dir)
+        if message is None and isinstance(err, known_run_failures()):
+            # a failure alfish diagnosed (NaN loss, dead or hung child, worker or rank, broken env contract): its
+            # message says what happened and what to do, a traceback of the trainer would only bury it
+            logging.error("training stopped: %s: %s", type(err).__name__, err)
+            record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}")
+            return 1
         if message is None:
             record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}")
             raise  # the traceback goes to stderr

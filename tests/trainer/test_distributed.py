@@ -176,7 +176,6 @@ def test_a_hung_rank_ends_the_job_within_a_minute_and_the_root_cause_names_it(tm
     assert time.monotonic() - start < 60
     _, stderr = proc.communicate(timeout=90)  # torchrun then kills the hung rank
     assert proc.returncode != 0
-    assert "Timed out waiting 10000ms" in stderr, stderr[-3000:]  # gloo's own error, as the cause
     assert f"rank      : 0 (local_rank: 0)\n  exitcode  : 1 (pid: {ranks[0].pid})" in stderr, stderr[-3000:]
     # torchrun's Root Cause names the rank that stopped, not the rank that timed out waiting for it
     root_cause = stderr[stderr.index("Root Cause"):]

@@ -222,14 +222,13 @@ def non_finite_loss(work: pathlib.Path, args) -> Row:
             elif isinstance(item, torch.Tensor) and item.is_floating_point() and not torch.isfinite(item).all():
                 finite = False
     after = [s for s in ck.steps() if match and s > int(match.group(2))]
-    traceback_lines = len(proc.stderr[proc.stderr.find("Traceback"):].splitlines()) if "Traceback" in proc.stderr \
-        else 0
-    ok = proc.returncode == 1 and bool(match) and finite and not after
+    error_lines = [line for line in proc.stderr.splitlines() if " ERROR " in line or line.startswith("Traceback")]
+    ok = proc.returncode == 1 and bool(match) and finite and not after and "Traceback" not in proc.stderr
     figure = (f"exit {proc.returncode}; '{match.group(0)[:-1]}'" if match else f"exit {proc.returncode}, no "
               f"NonFiniteLossError line: {proc.stderr[-200:]!r}")
     return Row("NaN / inf loss (A2C lr=1e30)", 1, ok,
-               f"{figure}; checkpoints {ck.steps()} all finite={finite}, none after the bad update; the error is "
-               f"the last line of a {traceback_lines}-line traceback")
+               f"{figure}; checkpoints {ck.steps()} all finite={finite}, none after the bad update; "
+               f"{len(error_lines)} error line(s), no traceback={'Traceback' not in proc.stderr}")
 
 
 # ---------------------------------------------------------------------------------------------- 6. disk full ----
