@@ -21,6 +21,7 @@ setup(
         "render": ["pygame-ce>=2.1.3", "imageio>=2.30", "imageio-ffmpeg>=0.4"],
         "mujoco": ["gymnasium[mujoco]>=1.0"],
         "box2d": ["gymnasium[box2d]>=1.0"],
+        "atari": ["ale-py>=0.9", "opencv-python-headless>=4.5"],  # ale-py >= 0.9 ships the game ROMs
         "bench": ["stable-baselines3>=2.3"],
     },
 )

@@ -1,11 +1,12 @@
 """Advantage Actor-Critic (Mnih et al. 2016, synchronous): trains on the trajectory it just unrolled, with gradients."""
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
 import gymnasium as gym
 import torch
+from torch import nn
 
 from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OnPolicyAlgorithm
@@ -27,23 +28,26 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
 
     Args: hidden_sizes/activation (policy and value MLPs), lr (Adam), gamma, gae_lambda (1.0 gives n-step returns),
     value_loss_coef, entropy_coef, normalize_advantages (standardize over the unroll). lr and entropy_coef may be
-    schedules (alfish.schedulers).
+    schedules (alfish.schedulers). actor_network_ctor, value_network_ctor: the networks' constructors, as PPO's.
     """
 
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                  hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh", lr: float | Scheduler = 7e-4,
                  gamma: float = 0.99, gae_lambda: float = 1.0, value_loss_coef: float = 0.5,
-                 entropy_coef: float | Scheduler = 0.0, normalize_advantages: bool = False):
+                 entropy_coef: float | Scheduler = 0.0, normalize_advantages: bool = False,
+                 actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
+                 value_network_ctor: Optional[Callable[..., nn.Module]] = None):
         super().__init__(observation_space, action_space)
-        self.net = ActorCriticNetworks(self.obs_dim, self.num_actions if self.discrete else self.action_dim,
-                                       self.discrete, hidden_sizes, activation)
+        self.use_networks(actor_network_ctor, value_network_ctor)
+        self.net = ActorCriticNetworks(self, hidden_sizes, activation, actor_network_ctor=actor_network_ctor,
+                                       value_network_ctor=value_network_ctor)
         self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
         self.value_loss_coef, self.entropy_coef = value_loss_coef, as_scheduler(entropy_coef)
         self.normalize_advantages = normalize_advantages
 
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
-        out = self.net.act(self.flat_obs(obs), greedy)
+        out = self.net.act(self.network_input(obs), greedy)
         return out.action, A2cRolloutInfo(out.log_prob, out.entropy, out.value)
 
     def loss_terms(self, exp: Experience) -> dict[str, torch.Tensor]:

@@ -5,13 +5,14 @@ SB3/CleanRL), sampled unsquashed; the env clips to the bounds, the stored action
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
 import torch
 from torch import nn
 
 from alfish.networks import distributions as D
+from alfish.networks.encoding import EncodingNetwork
 from alfish.networks.mlp import MLP
 
 
@@ -34,23 +35,43 @@ class ActorCriticParams:
 
 @gin.configurable
 class ActorCriticNetworks(nn.Module):
-    """Separate policy and value MLPs over flat observations ``[N, obs_dim]``."""
+    """A policy network and a value network, built by ``RLAlgorithm`` (``algorithm``) in its mode:
 
-    def __init__(self, obs_dim: int, action_dim: int, discrete: bool, hidden_sizes: Sequence[int] = (64, 64),
-                 activation: str = "tanh", initial_log_std: float = 0.0):
+      - flat mode: separate policy and value MLPs over flat observations ``[N, obs_dim]``;
+      - raw mode with the default networks: one ``EncodingNetwork`` shared by an MLP policy head and an MLP value head
+        (as SB3's CnnPolicy and the Nature/IMPALA actor-critics: the conv features are computed once per batch);
+      - raw mode with ``actor_network_ctor`` / ``value_network_ctor``: ``ctor(observation_space, output_dim)`` each
+        (a part left ``None`` gets its own ``FeedForwardNetwork`` of ``hidden_sizes``).
+
+    Parameters: ``policy.*``, ``value_net.*`` (and ``encoder.*``, ``log_std`` for Box actions).
+    """
+
+    def __init__(self, algorithm: "Any", hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh",
+                 initial_log_std: float = 0.0, actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
+                 value_network_ctor: Optional[Callable[..., nn.Module]] = None):
         super().__init__()
-        self.discrete = discrete
-        self.policy = MLP(obs_dim, action_dim, hidden_sizes, activation, output_gain=0.01)
-        self.value_net = MLP(obs_dim, 1, hidden_sizes, activation, output_gain=1.0)
-        if not discrete:
+        self.discrete = algorithm.discrete
+        action_dim = algorithm.num_actions if self.discrete else algorithm.action_dim
+        self.encoder: Optional[nn.Module] = None
+        if algorithm.raw_observations and actor_network_ctor is None and value_network_ctor is None:
+            self.encoder = EncodingNetwork(algorithm.observation_space)
+            features = self.encoder.output_size
+            self.policy = MLP(features, action_dim, hidden_sizes, activation, output_gain=0.01)
+            self.value_net = MLP(features, 1, hidden_sizes, activation, output_gain=1.0)
+        else:
+            self.policy = algorithm.build_network(actor_network_ctor, action_dim, hidden_sizes, activation, 0.01)
+            self.value_net = algorithm.build_network(value_network_ctor, 1, hidden_sizes, activation, 1.0)
+        if not self.discrete:
             self.log_std = nn.Parameter(torch.full((action_dim,), float(initial_log_std)))
 
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.value_net(obs).squeeze(-1)
+    def _heads(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(policy output [N, action_dim or num_actions], value [N])`` at ``obs``."""
+        features = obs if self.encoder is None else self.encoder(obs)
+        return self.policy(features), self.value_net(features).squeeze(-1)
 
-    def act(self, obs: torch.Tensor, greedy: bool) -> PolicyOutput:
+    def act(self, obs: Any, greedy: bool) -> PolicyOutput:
         """Sample (or take the mode of) the policy at ``obs``; also returns log-prob, entropy and value."""
-        out = self.policy(obs)
+        out, value = self._heads(obs)
         if self.discrete:
             action = out.argmax(-1) if greedy else D.categorical_sample(out)
             log_prob, entropy = D.categorical_log_prob(out, action), D.categorical_entropy(out)
@@ -60,14 +81,14 @@ class ActorCriticNetworks(nn.Module):
             # reparameterised sample would cancel out.
             action = (out if greedy else out + log_std.exp() * torch.randn_like(out)).detach()
             log_prob, entropy = D.gaussian_log_prob(action, out, log_std), D.gaussian_entropy(log_std)
-        return PolicyOutput(action, log_prob, entropy, self.value(obs))
+        return PolicyOutput(action, log_prob, entropy, value)
 
-    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> PolicyOutput:
+    def evaluate(self, obs: Any, action: torch.Tensor) -> PolicyOutput:
         """Log-prob, entropy and value of given ``action`` at ``obs``."""
-        out = self.policy(obs)
+        out, value = self._heads(obs)
         if self.discrete:
             log_prob, entropy = D.categorical_log_prob(out, action), D.categorical_entropy(out)
         else:
             log_std = self.log_std.expand_as(out)
             log_prob, entropy = D.gaussian_log_prob(action, out, log_std), D.gaussian_entropy(log_std)
-        return PolicyOutput(action, log_prob, entropy, self.value(obs))
+        return PolicyOutput(action, log_prob, entropy, value)

@@ -14,13 +14,19 @@ and ``predict_step(time_step, epsilon_greedy)`` for evaluation and play.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+import functools
+from typing import Any, Callable, Optional, Sequence
 
 import gymnasium as gym
 import torch
 from torch import nn
 
+from alfish.data import nest
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, TimeStep
+from alfish.networks.encoding import is_flat_space
+from alfish.networks.ensemble import EnsembleCritic, VmapEnsemble
+from alfish.networks.heads import CriticNetwork, FeedForwardNetwork
+from alfish.networks.mlp import MLP
 
 
 class Algorithm(nn.Module):
@@ -64,8 +70,12 @@ class Algorithm(nn.Module):
 class RLAlgorithm(Algorithm):
     """An algorithm acting in an env with Box (or dict-of-Box) observations and Box or Discrete actions.
 
-    Networks see flat float observations ``[*batch, obs_dim]`` (``flat_obs``): a dict observation is the
-    concatenation of its fields in the space's key order.
+    What its networks see (``network_input``), decided once by ``use_networks``:
+      - flat mode, when the observation is a vector (or a dict of vectors) and no network constructor was given: the
+        default MLPs over flat float observations ``[*batch, obs_dim]`` (``flat_obs``; a dict observation is the
+        concatenation of its fields in the space's key order). The fastest path for vector envs.
+      - raw mode otherwise (images, a user's network): observations in their own shape and dtype (uint8 images stay
+        uint8, dicts stay dicts); the default networks encode them with ``EncodingNetwork``.
 
     Subclasses implement ``_act(obs, greedy) -> (action, info)``; the epsilon-greedy mix of greedy and sampled actions
     used by ``predict_step`` lives here once.
@@ -89,6 +99,49 @@ class RLAlgorithm(Algorithm):
                 raise ValueError(f"action space {action_space} has infinite bounds; alfish needs bounded Box actions")
             self.register_buffer("action_low", low, persistent=False)
             self.register_buffer("action_high", high, persistent=False)
+
+    # --- networks: built from gin constructors, or the defaults sized by hidden_sizes -------------------------------
+    def use_networks(self, *network_ctors: Optional[Callable[..., nn.Module]]) -> None:
+        """Decides flat or raw mode (class docstring) from the algorithm's network constructors (``None``: default)."""
+        self.raw_observations = any(c is not None for c in network_ctors) or not is_flat_space(self.observation_space)
+
+    def build_network(self, ctor: Optional[Callable[..., nn.Module]], output_dim: int, hidden_sizes: Sequence[int],
+                      activation: str = "relu", output_gain: Optional[float] = None) -> nn.Module:
+        """``obs -> [N, output_dim]``: ``ctor(observation_space, output_dim)``, or the default: an MLP (flat mode) or a
+        ``FeedForwardNetwork`` (raw mode) with ``hidden_sizes`` and ``activation``."""
+        if ctor is not None:
+            return ctor(self.observation_space, output_dim)
+        if not self.raw_observations:
+            return MLP(self.obs_dim, output_dim, hidden_sizes, activation, output_gain)
+        return FeedForwardNetwork(self.observation_space, output_dim, hidden_sizes, activation,
+                                  output_gain=output_gain)
+
+    def build_critics(self, ctor: Optional[Callable[..., nn.Module]], num_critics: int,
+                      hidden_sizes: Sequence[int]) -> nn.Module:
+        """An ensemble of ``num_critics`` critics ``(obs, action) -> [E, N, 1]``, one batched computation: an
+        ``EnsembleCritic`` (flat mode, default MLPs), else a ``VmapEnsemble`` of ``ctor(observation_space,
+        action_dim)`` (default ``CriticNetwork`` with ``hidden_sizes``)."""
+        if ctor is None and not self.raw_observations:
+            return EnsembleCritic(num_critics, self.obs_dim + self.action_dim, 1, hidden_sizes)
+        make = ctor or functools.partial(CriticNetwork, hidden_sizes=hidden_sizes)
+        return VmapEnsemble(lambda: make(self.observation_space, self.action_dim), num_critics)
+
+    def network_input(self, obs: Any, batch_dims: int = 1) -> Any:
+        """What the networks read: ``flat_obs`` in flat mode, ``obs`` itself (``[*batch, *obs]``) in raw mode."""
+        return obs if self.raw_observations else self.flat_obs(obs, batch_dims)
+
+    @staticmethod
+    def steps(obs: Any, index: slice) -> Any:
+        """Time steps ``index`` of time-major ``[L, B, ...]`` observations (a tensor or a dict), batch flattened:
+        ``[L', B, ...] -> [L' * B, ...]``."""
+        if isinstance(obs, torch.Tensor):
+            return obs[index].flatten(0, 1)
+        return nest.map_nest(lambda x: x[index].flatten(0, 1), obs)
+
+    @staticmethod
+    def step_at(obs: Any, t: int) -> Any:
+        """Time step ``t`` of time-major ``[L, B, ...]`` observations (a tensor or a dict): ``[B, ...]``."""
+        return obs[t] if isinstance(obs, torch.Tensor) else nest.map_nest(lambda x: x[t], obs)
 
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         raise NotImplementedError

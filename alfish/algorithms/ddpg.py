@@ -23,15 +23,16 @@ when ``policy_delay > 1``.
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
 import gymnasium as gym
 import torch
+from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
-from alfish.networks.mlp import MLP, EnsembleMLP, parameter_list
+from alfish.networks.mlp import parameter_list
 from alfish.schedulers import Scheduler, as_scheduler
 
 
@@ -59,6 +60,10 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         target_policy_noise: std of the smoothing noise on the target action (0: none), unit-box units.
         target_noise_clip: the smoothing noise is clipped to [-target_noise_clip, target_noise_clip].
         policy_delay: optimizer steps per actor (and target) update.
+        actor_network_ctor: ``ctor(observation_space, action_dim)`` -> the actor (``obs -> [N, action_dim]``, squashed
+            by tanh here); ``None``: an MLP of ``hidden_sizes`` (through ``EncodingNetwork`` for images and dicts).
+        critic_network_ctor: ``ctor(observation_space, action_dim)`` -> one critic (``(obs, action) -> [N, 1]``); the
+            ``num_critics`` members are one ``VmapEnsemble``. ``None``: MLP critics of ``hidden_sizes``.
     """
 
     rollout_module_names = ("actor",)  # async unroll ships only these to its child
@@ -72,7 +77,9 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  critic_lr: float | Scheduler = 1e-3, gamma: float = 0.99,
                  target_update_tau: float | Scheduler = 0.005, target_update_period: int = 1,
                  exploration_noise: float | Scheduler = 0.1, num_critics: int = 1,
-                 target_policy_noise: float = 0.0, target_noise_clip: float = 0.5, policy_delay: int = 1):
+                 target_policy_noise: float = 0.0, target_noise_clip: float = 0.5, policy_delay: int = 1,
+                 actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
+                 critic_network_ctor: Optional[Callable[..., nn.Module]] = None):
         super().__init__(observation_space, action_space)
         if self.discrete:
             raise ValueError(f"{type(self).__name__} needs a Box action space, got {action_space}; use "
@@ -80,8 +87,9 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         if policy_delay < 1 or target_update_period < 1 or num_critics < 1:
             raise ValueError(f"policy_delay={policy_delay}, target_update_period={target_update_period} and "
                              f"num_critics={num_critics} must all be >= 1")
-        self.actor = MLP(self.obs_dim, self.action_dim, hidden_sizes)
-        self.critics = EnsembleMLP(num_critics, self.obs_dim + self.action_dim, 1, hidden_sizes)
+        self.use_networks(actor_network_ctor, critic_network_ctor)
+        self.actor = self.build_network(actor_network_ctor, self.action_dim, hidden_sizes)
+        self.critics = self.build_critics(critic_network_ctor, num_critics, hidden_sizes)
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.gamma = gamma
@@ -100,7 +108,7 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
 
     # ----------------------------------------------------------------------------------------------------- acting --
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
-        unit_action = torch.tanh(self.actor(self.flat_obs(obs)))
+        unit_action = torch.tanh(self.actor(self.network_input(obs)))
         if not greedy:
             noise = torch.randn_like(unit_action) * self.exploration_noise()
             unit_action = (unit_action + noise).clamp(-1.0, 1.0)
@@ -118,8 +126,8 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
     # --------------------------------------------------------------------------------------------------- training --
     def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
         """Losses of the ``L-1`` transitions of ``exp`` ``[L, B]``, each ``[N = (L-1) * B]``."""
-        obs = self.flat_obs(exp.observation, batch_dims=2)                     # [L, B, obs_dim]
-        obs_t, obs_next = obs[:-1].flatten(0, 1), obs[1:].flatten(0, 1)        # [N, obs_dim]
+        obs = self.network_input(exp.observation, batch_dims=2)                # [L, B, obs_dim] (flat mode)
+        obs_t, obs_next = self.steps(obs, slice(None, -1)), self.steps(obs, slice(1, None))   # [N, obs_dim]
         act_t = self.unscale_action(exp.action[:-1].flatten(0, 1))             # [N, action_dim]
         reward, discount = exp.reward[1:].flatten(), exp.discount[1:].flatten()
 
@@ -128,17 +136,17 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             if self.target_policy_noise > 0:
                 next_action = next_action.add_(self.smoothing_noise(next_action)).clamp_(-1.0, 1.0)
             # amin, not min: no gradient here, so no argmin is needed
-            next_q = self.target_critics(torch.cat([obs_next, next_action], -1)).amin(0).squeeze(-1)  # [N]
+            next_q = self.target_critics(obs_next, next_action).amin(0).squeeze(-1)  # [N]
             td_target = torch.addcmul(reward, discount, next_q, value=self.gamma)  # r + gamma * discount * next_q
 
-        q = self.critics(torch.cat([obs_t, act_t], -1)).squeeze(-1)            # [E, N]
+        q = self.critics(obs_t, act_t).squeeze(-1)                              # [E, N]
         td = q - td_target
         critic_loss = 0.5 * (td ** 2).sum(0)
 
         if self.actor_due():  # the first critic scores the actor (TD3 paper; the only one for DDPG)
             new_action = torch.tanh(self.actor(obs_t))
             # Only member 0 is evaluated: the other critics would cost a forward and a backward for nothing.
-            q_new = self.critics(torch.cat([obs_t, new_action], -1), detach_params=True, members=slice(0, 1))
+            q_new = self.critics(obs_t, new_action, detach_params=True, members=slice(0, 1))
             actor_loss = -q_new.view(-1)
         else:
             actor_loss = torch.zeros_like(critic_loss)  # a factory: no graph, no detach needed
@@ -184,7 +192,9 @@ class Td3Algorithm(DdpgAlgorithm):
                  critic_lr: float | Scheduler = 1e-3, gamma: float = 0.99,
                  target_update_tau: float | Scheduler = 0.005, target_update_period: int = 1,
                  exploration_noise: float | Scheduler = 0.1, num_critics: int = 2,
-                 target_policy_noise: float = 0.2, target_noise_clip: float = 0.5, policy_delay: int = 2):
+                 target_policy_noise: float = 0.2, target_noise_clip: float = 0.5, policy_delay: int = 2,
+                 actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
+                 critic_network_ctor: Optional[Callable[..., nn.Module]] = None):
         super().__init__(observation_space, action_space, hidden_sizes, actor_lr, critic_lr, gamma, target_update_tau,
                          target_update_period, exploration_noise, num_critics, target_policy_noise,
-                         target_noise_clip, policy_delay)
+                         target_noise_clip, policy_delay, actor_network_ctor, critic_network_ctor)

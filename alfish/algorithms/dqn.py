@@ -11,16 +11,17 @@ Polyak averaging with ``target_update_tau`` (1 = hard copy).
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
 import gymnasium as gym
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
-from alfish.networks.mlp import MLP, parameter_list
+from alfish.networks.mlp import parameter_list
 from alfish.schedulers import Scheduler, as_scheduler
 
 
@@ -103,6 +104,8 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         target_update_tau: Polyak factor of a target update (1 = hard copy); number or schedule.
         epsilon_greedy: probability of a uniformly random action in ``rollout_step``; number or schedule.
         huber_loss: smooth L1 (delta 1) on the TD error; False: squared error / 2.
+        q_network_cls: ``cls(observation_space, num_actions)`` -> the Q-network (``obs -> [N, num_actions]``);
+            ``None``: an MLP of ``hidden_sizes`` (through ``EncodingNetwork`` for images and dicts).
     """
 
     rollout_module_names = ("q_net",)  # async unroll ships only these to its child
@@ -111,7 +114,7 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  hidden_sizes: Sequence[int] = (64, 64), activation: str = "relu", lr: float | Scheduler = 1e-3,
                  gamma: float = 0.99, n_step: int = 1, double_q: bool = True, target_update_period: int = 100,
                  target_update_tau: float | Scheduler = 1.0, epsilon_greedy: float | Scheduler = 0.1,
-                 huber_loss: bool = True):
+                 huber_loss: bool = True, q_network_cls: Optional[Callable[..., nn.Module]] = None):
         super().__init__(observation_space, action_space)
         if not self.discrete:
             raise ValueError(f"DqnAlgorithm needs a Discrete action space, got {action_space}; use SacAlgorithm for "
@@ -120,7 +123,8 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise ValueError(f"DqnAlgorithm.n_step={n_step} must be >= 1")
         if target_update_period < 1:
             raise ValueError(f"DqnAlgorithm.target_update_period={target_update_period} must be >= 1")
-        self.q_net = MLP(self.obs_dim, self.num_actions, hidden_sizes, activation)
+        self.use_networks(q_network_cls)
+        self.q_net = self.build_network(q_network_cls, self.num_actions, hidden_sizes, activation)
         self.target_q_net = copy.deepcopy(self.q_net).requires_grad_(False)
         self.lr = lr
         self.gamma = gamma
@@ -146,7 +150,7 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
 
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         """Greedy action ``[B]`` (int64), or the epsilon-greedy exploration action when not ``greedy``."""
-        action = self.q_net(self.flat_obs(obs)).argmax(-1)
+        action = self.q_net(self.network_input(obs)).argmax(-1)
         return (action if greedy else self._random_where(action, self.epsilon())), EMPTY
 
     def predict_step(self, time_step: TimeStep, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
@@ -163,15 +167,15 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise ValueError(f"DqnAlgorithm with n_step={self.n_step} trains on sequences of n_step + 1 = "
                              f"{self.n_step + 1} steps, got {length}; set TrainerConfig.mini_batch_length = "
                              f"{self.n_step + 1}")
-        obs = self.flat_obs(exp.observation, batch_dims=2)                      # [L, B, obs_dim]
+        obs = self.network_input(exp.observation, batch_dims=2)                 # [L, B, obs_dim] (flat mode)
         with torch.no_grad():
-            later = obs[1:].flatten(0, 1)                                        # [n * B, obs_dim]: 2-D matmuls
+            later = self.steps(obs, slice(1, None))                              # [n * B, obs_dim]: 2-D matmuls
             target_q = self.target_q_net(later)                                  # [n * B, A]
             chooser = self.q_net(later) if self.double_q else target_q
             value = target_q.gather(-1, chooser.argmax(-1, keepdim=True)).view(self.n_step, -1)   # [n, B]
             target = _n_step_targets(exp.reward, exp.discount, exp.step_type, value, self.gamma, self.n_step)
         valid = exp.step_type[0] != StepType.LAST
-        q = self.q_net(obs[0]).gather(-1, exp.action[0].long().unsqueeze(-1)).squeeze(-1)  # [B]
+        q = self.q_net(self.step_at(obs, 0)).gather(-1, exp.action[0].long().unsqueeze(-1)).squeeze(-1)  # [B]
         return AlgStep(info=DqnTrainInfo(q, target, valid))
 
     def calc_loss(self, exp: Experience, train_info: DqnTrainInfo) -> LossInfo:

@@ -6,11 +6,12 @@ PPO trains through the off-policy path as ALF does: the unroll is stored in the 
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
 import gymnasium as gym
 import torch
+from torch import nn
 
 from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OffPolicyAlgorithm
@@ -50,22 +51,28 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         value_loss_coef, entropy_coef: weights of the value and entropy terms.
         lr, clip_range and entropy_coef may be schedules (alfish.schedulers), e.g. RL Zoo's linear decay.
         normalize_advantages: standardize advantages within each mini-batch (as SB3).
+        actor_network_ctor, value_network_ctor: ``ctor(observation_space, output_dim)`` -> the policy network
+            (logits, or the Gaussian mean) and the value network (``output_dim`` 1); ``None``: MLPs of
+            ``hidden_sizes`` (for images and dicts, heads over one shared ``EncodingNetwork``). See
+            ``ActorCriticNetworks``.
     """
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                  hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh", lr: float | Scheduler = 3e-4,
                  gamma: float = 0.99, gae_lambda: float = 0.95, clip_range: float | Scheduler = 0.2,
                  value_loss_coef: float = 0.5, entropy_coef: float | Scheduler = 0.0,
-                 normalize_advantages: bool = True):
+                 normalize_advantages: bool = True, actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
+                 value_network_ctor: Optional[Callable[..., nn.Module]] = None):
         super().__init__(observation_space, action_space)
-        self.net = ActorCriticNetworks(self.obs_dim, self.num_actions if self.discrete else self.action_dim,
-                                       self.discrete, hidden_sizes, activation)
+        self.use_networks(actor_network_ctor, value_network_ctor)
+        self.net = ActorCriticNetworks(self, hidden_sizes, activation, actor_network_ctor=actor_network_ctor,
+                                       value_network_ctor=value_network_ctor)
         self.lr, self.gamma, self.gae_lambda, self.clip_range = lr, gamma, gae_lambda, as_scheduler(clip_range)
         self.value_loss_coef, self.entropy_coef = value_loss_coef, as_scheduler(entropy_coef)
         self.normalize_advantages = normalize_advantages
 
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
-        out = self.net.act(self.flat_obs(obs), greedy)
+        out = self.net.act(self.network_input(obs), greedy)
         return out.action, PpoRolloutInfo(out.log_prob, out.value)
 
     def preprocess_experience(self, exp: Experience) -> Experience:
@@ -79,7 +86,7 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         return trimmed._replace(rollout_info=PpoExperienceInfo(info.log_prob[:, :-1], value, adv, adv + value))
 
     def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
-        obs = self.flat_obs(exp.observation, batch_dims=2).flatten(0, 1)
+        obs = self.steps(self.network_input(exp.observation, batch_dims=2), slice(None))
         out = self.net.evaluate(obs, exp.action.flatten(0, 1))
         return AlgStep(info=PpoTrainInfo(out.log_prob, out.entropy, out.value))
 

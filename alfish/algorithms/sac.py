@@ -7,7 +7,7 @@ gradient, the actor term reads the critics through detached weights, the alpha t
 from __future__ import annotations
 
 import copy
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
 import gymnasium as gym
@@ -18,7 +18,7 @@ from torch import nn
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.distributions import tanh_gaussian_sample
-from alfish.networks.mlp import MLP, EnsembleMLP, parameter_list
+from alfish.networks.mlp import parameter_list
 from alfish.schedulers import Scheduler, as_scheduler
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementation
@@ -45,6 +45,11 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         initial_log_alpha: starting log of the entropy temperature.
         target_entropy: entropy the temperature aims for (number or schedule); ``None`` means ``-action_dim``.
         num_critics: ensemble size; the TD target takes the minimum over members.
+        actor_network_cls: ``cls(observation_space, 2 * action_dim)`` -> the actor (``obs -> [N, 2 * action_dim]``:
+            mean and log-std of the pre-tanh Gaussian); ``None``: an MLP of ``hidden_sizes`` (through
+            ``EncodingNetwork`` for images and dicts). See ``alfish.networks.heads`` for the contract.
+        critic_network_cls: ``cls(observation_space, action_dim)`` -> one critic (``(obs, action) -> [N, 1]``); the
+            ``num_critics`` members are one ``VmapEnsemble``. ``None``: MLP critics of ``hidden_sizes``.
     """
 
     rollout_module_names = ("actor",)  # async unroll ships only these to its child
@@ -54,15 +59,17 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  critic_lr: float | Scheduler = 3e-4, alpha_lr: float | Scheduler = 3e-4, gamma: float = 0.99,
                  target_update_tau: float | Scheduler = 0.005, target_update_period: int = 1,
                  initial_log_alpha: float = 0.0, target_entropy: Optional[float | Scheduler] = None,
-                 num_critics: int = 2):
+                 num_critics: int = 2, actor_network_cls: Optional[Callable[..., nn.Module]] = None,
+                 critic_network_cls: Optional[Callable[..., nn.Module]] = None):
         super().__init__(observation_space, action_space)
         if self.discrete:
             raise ValueError(f"SacAlgorithm needs a Box action space, got {action_space}; use PpoAlgorithm or "
                              "A2cAlgorithm for discrete actions")
         if target_update_period < 1:
             raise ValueError(f"SacAlgorithm.target_update_period={target_update_period} must be >= 1")
-        self.actor = MLP(self.obs_dim, 2 * self.action_dim, hidden_sizes)
-        self.critics = EnsembleMLP(num_critics, self.obs_dim + self.action_dim, 1, hidden_sizes)
+        self.use_networks(actor_network_cls, critic_network_cls)
+        self.actor = self.build_network(actor_network_cls, 2 * self.action_dim, hidden_sizes)
+        self.critics = self.build_critics(critic_network_cls, num_critics, hidden_sizes)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
         self.gamma = gamma
@@ -88,7 +95,7 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         return tanh_gaussian_sample(mean, F.hardtanh(log_std, LOG_STD_MIN, LOG_STD_MAX), deterministic=greedy)
 
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
-        unit_action, _ = self._policy(self.flat_obs(obs), greedy)
+        unit_action, _ = self._policy(self.network_input(obs), greedy)
         return self.scale_action(unit_action), EMPTY
 
     # --------------------------------------------------------------------------------------------------- training --
@@ -98,24 +105,24 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         Written in few aten ops (each costs several microseconds on the CPU, as much as the arithmetic of a [N]
         tensor): ``addcmul`` for the TD target, ``amin`` where no gradient (hence no argmin) is needed.
         """
-        obs = self.flat_obs(exp.observation, batch_dims=2)                     # [L, B, obs_dim]
-        obs_t, obs_next = obs[:-1].flatten(0, 1), obs[1:].flatten(0, 1)        # [N, obs_dim]
+        obs = self.network_input(exp.observation, batch_dims=2)                # [L, B, obs_dim] (flat mode)
+        obs_t, obs_next = self.steps(obs, slice(None, -1)), self.steps(obs, slice(1, None))   # [N, obs_dim]
         act_t = self.unscale_action(exp.action[:-1].flatten(0, 1))             # [N, action_dim]
         reward, discount = exp.reward[1:].flatten(), exp.discount[1:].flatten()
         alpha = self.log_alpha.detach().exp()
 
         with torch.no_grad():
             next_action, next_log_prob = self._policy(obs_next, greedy=False)
-            next_q = self.target_critics(torch.cat([obs_next, next_action], -1)).amin(0).squeeze(-1)   # [N]
+            next_q = self.target_critics(obs_next, next_action).amin(0).squeeze(-1)   # [N]
             soft_value = torch.addcmul(next_q, alpha, next_log_prob, value=-1.0)  # next_q - alpha * log_prob
             td_target = torch.addcmul(reward, discount, soft_value, value=self.gamma)
 
-        q = self.critics(torch.cat([obs_t, act_t], -1)).squeeze(-1)            # [E, N]
+        q = self.critics(obs_t, act_t).squeeze(-1)                              # [E, N]
         td = q - td_target
         critic_loss = 0.5 * (td ** 2).sum(0)
 
         new_action, log_prob = self._policy(obs_t, greedy=False)
-        q_new = self.critics(torch.cat([obs_t, new_action], -1), detach_params=True).min(0).values.squeeze(-1)
+        q_new = self.critics(obs_t, new_action, detach_params=True).min(0).values.squeeze(-1)
         actor_loss = alpha * log_prob - q_new
 
         log_prob = log_prob.detach()

@@ -16,6 +16,7 @@ from typing import Optional
 import gin.config
 import gymnasium as gym
 
+from alfish.envs.atari import is_atari, make_atari
 from alfish.envs.contract import ContractCheck, EnvContractError
 
 
@@ -28,7 +29,8 @@ def conf_imports() -> tuple[str, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class EnvFactory:
-    """Makes one env: ``gymnasium.make(env_name, render_mode=..., **env_kwargs)`` wrapped in ``ContractCheck``.
+    """Makes one env: ``gymnasium.make(env_name, render_mode=..., **env_kwargs)`` (``make_atari`` for ``ALE/...``
+    names) wrapped in ``ContractCheck``.
 
     imports: modules to import first (``conf_imports()`` of the building process); they may register ``env_name``.
     parent_pid: the building process, to tell a worker's "env id not registered" from a plain unknown id.
@@ -65,6 +67,8 @@ class EnvFactory:
 
     def _make(self) -> gym.Env:
         try:
+            if is_atari(self.env_name):  # ALE games, preprocessed as alfish trains on them (alfish/envs/atari.py)
+                return make_atari(self.env_name, render_mode=self.render_mode, **self.env_kwargs)
             # gymnasium's PassiveEnvChecker is left out: ContractCheck checks every step, and raises instead of warning
             return gym.make(self.env_name, render_mode=self.render_mode, disable_env_checker=True, **self.env_kwargs)
         except gym.error.Error as err:

@@ -24,15 +24,22 @@ def activation_class(name: str) -> Callable[[], nn.Module]:
 
 @gin.configurable
 class MLP(nn.Sequential):
-    """``[N, in_dim] -> [N, out_dim]`` through ``hidden_sizes`` with ``activation`` between layers."""
+    """``[N, in_dim] -> [N, out_dim]`` through ``hidden_sizes`` with ``activation`` between layers.
+
+    layer_norm: a LayerNorm after each hidden Linear, before its activation (RLPD's critics); dropout: the probability
+    of a Dropout after each hidden activation (0: none).
+    """
 
     def __init__(self, in_dim: int, out_dim: int, hidden_sizes: Sequence[int] = (256, 256),
-                 activation: str = "relu", output_gain: float | None = None):
+                 activation: str = "relu", output_gain: float | None = None, layer_norm: bool = False,
+                 dropout: float = 0.0):
         act = activation_class(activation)
         layers: list[nn.Module] = []
         dims = [in_dim, *hidden_sizes]
         for a, b in zip(dims[:-1], dims[1:]):
-            layers += [nn.Linear(a, b), act()]
+            layers += [nn.Linear(a, b)] + ([nn.LayerNorm(b)] if layer_norm else []) + [act()]
+            if dropout > 0:
+                layers.append(nn.Dropout(dropout))
         layers.append(nn.Linear(dims[-1], out_dim))
         super().__init__(*layers)
         if output_gain is not None:  # e.g. a small policy head, as SB3/CleanRL initialise PPO

@@ -44,12 +44,12 @@ def test_flat_obs_returns_flat_float32_observations_as_they_are():
     assert alg.flat_obs(obs, batch_dims=2) is obs                  # no reshape, no cast
     torch.testing.assert_close(alg.flat_obs(obs.double(), batch_dims=2), obs)
     assert alg.flat_obs(obs.double(), batch_dims=2).dtype == torch.float32
-    images = gym.spaces.Box(0, 255, shape=(2, 2), dtype=np.uint8)
-    dqn = DqnAlgorithm(images, gym.spaces.Discrete(2))
-    pixels = torch.arange(5 * 4, dtype=torch.uint8).view(5, 2, 2)
-    flat = dqn.flat_obs(pixels)
+    counts = gym.spaces.Box(0, 255, shape=(4,), dtype=np.uint8)
+    dqn = DqnAlgorithm(counts, gym.spaces.Discrete(2))
+    values = torch.arange(5 * 4, dtype=torch.uint8).view(5, 4)
+    flat = dqn.flat_obs(values)
     assert flat.shape == (5, 4) and flat.dtype == torch.float32
-    torch.testing.assert_close(flat, pixels.view(5, 4).float())
+    torch.testing.assert_close(flat, values.float())
 
 
 @pytest.mark.parametrize("cls", [SacAlgorithm, Td3Algorithm])

@@ -320,7 +320,7 @@ def test_reference_helpers_agree_with_the_networks():
     torch.manual_seed(0)
     alg = SacAlgorithm(OBS, ACT, hidden_sizes=(8, 8))
     x = torch.randn(5, 5)
-    out = alg.critics(x)
+    out = alg.critics(x[:, :3], x[:, 3:])  # (obs, action): the members read them concatenated
     for e in range(2):
         torch.testing.assert_close(out[e].squeeze(-1), member_ref(alg.critics, x, e))
     torch.testing.assert_close(alg.actor(x[:, :3]), mlp_ref(alg.actor, x[:, :3]))

@@ -22,6 +22,9 @@ pytestmark = [pytest.mark.cli]
 EVAL_SMALL = ["TrainerConfig.num_eval_episodes=1", "TrainerConfig.num_eval_environments=1",
               "TrainerConfig.num_checkpoints=2"]
 
+ATARI_SMALL = ["create_environment.env_kwargs={'max_episode_steps': 50}"] + EVAL_SMALL
+NEEDS_ATARI = {"dqn_pong.gin", "dqn_breakout.gin", "ppo_pong.gin", "ppo_breakout.gin"}
+
 # conf -> (bindings of the first, short run; env-step budget of the second run; env steps per iteration;
 #          env steps taken before the first iteration; episode length limit of the env)
 SHRINK = {
@@ -51,11 +54,24 @@ SHRINK = {
     # 80 warm-up steps (10 per env) + 8 envs x 10 steps per iteration: 240 env steps = 2 iterations, 400 = 4.
     "dqn_her_bitflip.gin": (["TrainerConfig.num_env_steps=240", "TrainerConfig.initial_collect_steps=80",
                              "TrainerConfig.eval_interval=1"] + EVAL_SMALL, 400),
+    # Atari (run only where `pip install alfish[atari]` is installed): 50-step games and a small buffer.
+    # DQN: 40 warm-up steps + 4 steps per iteration: 80 env steps = 10 iterations, then 120 = 20.
+    "dqn_pong.gin": (["TrainerConfig.num_env_steps=80", "TrainerConfig.initial_collect_steps=40",
+                      "TrainerConfig.eval_interval=5", "TrainerConfig.replay_buffer_length=500"] + ATARI_SMALL, 120),
+    "dqn_breakout.gin": (["TrainerConfig.num_env_steps=80", "TrainerConfig.initial_collect_steps=40",
+                          "TrainerConfig.eval_interval=5", "TrainerConfig.replay_buffer_length=500"] + ATARI_SMALL,
+                         120),
+    # PPO: 8 envs x 8 steps per iteration (+1 warm-up step per env): 136 env steps = 2 iterations, 264 = 4.
+    "ppo_pong.gin": (["TrainerConfig.num_env_steps=136", "TrainerConfig.unroll_length=8",
+                      "TrainerConfig.replay_buffer_length=9", "TrainerConfig.eval_interval=1"] + ATARI_SMALL, 264),
+    "ppo_breakout.gin": (["TrainerConfig.num_env_steps=136", "TrainerConfig.unroll_length=8",
+                          "TrainerConfig.replay_buffer_length=9", "TrainerConfig.eval_interval=1"] + ATARI_SMALL, 264),
 }
 EPISODE_LIMIT = {"sac_pendulum.gin": 200, "ppo_cartpole.gin": 500, "a2c_cartpole.gin": 500,
                  "ppo_cartpole_normalized.gin": 500, "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
                  "ddpg_pendulum.gin": 200, "dqn_her_bitflip.gin": 10,
-                 "sac_pendulum_realtime.gin": 200}
+                 "sac_pendulum_realtime.gin": 200, "dqn_pong.gin": 50, "dqn_breakout.gin": 50, "ppo_pong.gin": 50,
+                 "ppo_breakout.gin": 50}
 
 
 def test_every_shipped_conf_is_exercised_here():
@@ -95,6 +111,9 @@ def check_ok(proc):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("conf", sorted(SHRINK))
 def test_conf_trains_checkpoints_resumes_and_plays(tmp_path, conf):
+    if conf in NEEDS_ATARI:
+        pytest.importorskip("ale_py", reason="Atari confs need `pip install alfish[atari]`")
+        pytest.importorskip("cv2", reason="Atari confs need `pip install alfish[atari]`")
     first_params, second_budget = SHRINK[conf]
     root = tmp_path / "root"
 
@@ -142,8 +161,9 @@ def test_conf_trains_checkpoints_resumes_and_plays(tmp_path, conf):
         assert f.read(6) in (b"GIF87a", b"GIF89a")
     assert f"recorded {length + 1} frames to {gif}" in proc.stdout  # the reset frame plus one per step
     # The gif writer may merge pixel-identical consecutive frames (CartPole barely moves in one step).
+    # An untrained Breakout policy that never serves leaves every frame of its 50 steps the same.
     frames = imageio.mimread(gif)
-    assert 2 <= len(frames) <= length + 1
+    assert (1 if conf == "dqn_breakout.gin" or conf == "ppo_breakout.gin" else 2) <= len(frames) <= length + 1
     assert frames[0].ndim == 3 and frames[0].shape[2] in (3, 4)
 
 

@@ -120,3 +120,30 @@ def test_bad_arguments_are_clear_errors():
         FrameStacker(SPACE, stack_size=0)
     with pytest.raises(ValueError, match="FrameStacker.stack_axis=1 is out of range"):
         FrameStacker(SPACE, stack_axis=1)
+
+
+def test_atari_frames_cost_one_raw_frame_per_step_in_replay_and_stack_to_uint8_at_sample_time():
+    """84x84 uint8 frames with a 4-frame stack: the buffer holds each frame once, so a step costs the frame's 7,056
+    bytes plus 17 bytes of step type, reward, discount and action (1.0024x, within the 1.1x target); stacks of 4 come
+    out as uint8 [4, 84, 84] for the network to scale."""
+    num_envs, capacity, frame_bytes = 2, 64, 84 * 84
+    buffer = RingBuffer(num_envs, capacity)
+    space = gym.spaces.Box(0, 255, shape=(1, 84, 84), dtype=np.uint8)
+    for t in range(capacity):
+        obs = torch.full((num_envs, 1, 84, 84), t, dtype=torch.uint8)
+        step_type = torch.full((num_envs,), F if t % 20 == 0 else M, dtype=torch.int8)
+        ts = TimeStep(step_type, torch.zeros(num_envs), torch.ones(num_envs), obs,
+                      torch.zeros(num_envs, dtype=torch.long), torch.arange(num_envs))
+        buffer.add(Experience.from_time_step(ts, torch.zeros(num_envs, dtype=torch.long)))
+    stored = sum(t.numel() * t.element_size() for t in buffer.state_dict()["leaves"])
+    per_step = stored / (num_envs * capacity)
+    assert per_step == frame_bytes + 1 + 4 + 4 + 8, per_step
+    assert per_step / frame_bytes <= 1.1
+    stacker = FrameStacker(space, stack_size=4)
+    assert stacker.output_observation_space(space).shape == (4, 84, 84)
+    env_ids, positions = torch.tensor([0, 1]), torch.tensor([22, 41])
+    out = stacker.transform_sample(buffer.gather(env_ids, positions, 2), BatchInfo(env_ids, positions), buffer)
+    assert out.observation.shape == (2, 2, 4, 84, 84) and out.observation.dtype == torch.uint8
+    # step 22 of an episode starting at 20: frames 20, 20, 21, 22 (the first frame repeats before the start)
+    assert out.observation[0, 0, :, 0, 0].tolist() == [20, 20, 21, 22]
+    assert out.observation[1, 1, :, 0, 0].tolist() == [40, 40, 41, 42]  # step 42 of the episode from 40

@@ -1,0 +1,72 @@
+"""The networks algorithms are built from, over observations in their own shape and dtype.
+
+Constructor contract (what a user's network class must accept, so gin can hand it to an algorithm in place of these):
+  - actor / Q / value / policy networks: ``cls(observation_space, output_dim)``, ``forward(obs [N, *obs]) -> [N,
+    output_dim]``;
+  - critic networks: ``cls(observation_space, action_dim)``, ``forward(obs [N, *obs], action [N, action_dim]) ->
+    [N, 1]`` (the algorithm makes an ensemble of them with ``VmapEnsemble``).
+``obs`` is what the algorithm sees after the data transformers: uint8 images stay uint8, dicts stay dicts.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import gin
+import gymnasium as gym
+import torch
+from torch import nn
+
+from alfish.networks.encoding import EncodingNetwork
+from alfish.networks.mlp import MLP
+
+
+def _encoder(ctor: Callable[..., nn.Module], observation_space: gym.Space) -> nn.Module:
+    encoder = ctor(observation_space)
+    if getattr(encoder, "recurrent", False):
+        raise ValueError("a recurrent encoder (EncodingNetwork.rnn) needs recurrent training (use_rollout_state), "
+                         "which alfish does not build yet; set EncodingNetwork.rnn = None")
+    if not isinstance(getattr(encoder, "output_size", None), int):
+        raise ValueError(f"encoding network {ctor} must set an int attribute output_size (its feature size)")
+    return encoder
+
+
+@gin.configurable
+class FeedForwardNetwork(nn.Module):
+    """``obs -> [N, output_dim]``: an encoding network, then an MLP head.
+
+    Args:
+        observation_space, output_dim: given by the algorithm.
+        hidden_sizes, activation, layer_norm, dropout: the MLP head (see ``MLP``).
+        encoding_network_ctor: ``ctor(observation_space)`` -> a module with ``output_size`` (``EncodingNetwork``).
+        output_gain: orthogonal init gain of the last layer (``None``: PyTorch's default init).
+    """
+
+    def __init__(self, observation_space: gym.Space, output_dim: int, hidden_sizes: Sequence[int] = (256, 256),
+                 activation: str = "relu", layer_norm: bool = False, dropout: float = 0.0,
+                 encoding_network_ctor: Callable[..., nn.Module] = EncodingNetwork,
+                 output_gain: float | None = None):
+        super().__init__()
+        self.encoder = _encoder(encoding_network_ctor, observation_space)
+        self.head = MLP(self.encoder.output_size, output_dim, hidden_sizes, activation, output_gain, layer_norm,
+                        dropout)
+
+    def forward(self, obs: Any) -> torch.Tensor:
+        return self.head(self.encoder(obs))
+
+
+@gin.configurable
+class CriticNetwork(nn.Module):
+    """``(obs, action [N, action_dim]) -> [N, 1]``: the encoded observation and the action, concatenated, then an MLP.
+
+    Args as ``FeedForwardNetwork`` (``layer_norm=True`` gives RLPD's critic).
+    """
+
+    def __init__(self, observation_space: gym.Space, action_dim: int, hidden_sizes: Sequence[int] = (256, 256),
+                 activation: str = "relu", layer_norm: bool = False, dropout: float = 0.0,
+                 encoding_network_ctor: Callable[..., nn.Module] = EncodingNetwork):
+        super().__init__()
+        self.encoder = _encoder(encoding_network_ctor, observation_space)
+        self.head = MLP(self.encoder.output_size + action_dim, 1, hidden_sizes, activation, None, layer_norm, dropout)
+
+    def forward(self, obs: Any, action: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.encoder(obs), action], -1))
