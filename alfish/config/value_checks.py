@@ -156,6 +156,13 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     '*.target_noise_clip': NON_NEGATIVE,
     '*.policy_delay': AT_LEAST_ONE,
     'MLP.output_gain': POSITIVE,
+    '*.output_gain': POSITIVE,
+    '*.dropout': Range(0, 1, high_open=True, note='a probability'),
+    'EncodingNetwork.conv_layers': (AT_LEAST_ONE, OneOf('alfish.networks.encoding:CONV_PRESETS')),
+    'EncodingNetwork.fc_layers': AT_LEAST_ONE,
+    'EncodingNetwork.key_fc_layers': AT_LEAST_ONE,
+    'EncodingNetwork.rnn': OneOf('alfish.networks.encoding:RNN_KINDS'),
+    'EncodingNetwork.rnn_size': AT_LEAST_ONE,
     # Envs.
     'create_environment.num_parallel_environments': AT_LEAST_ONE,
     'create_environment.seed': NON_NEGATIVE,

@@ -102,3 +102,21 @@ def test_user_networks_train_async_resume_and_play(tmp_path):
     played = run(tmp_path, "play", "--root_dir", "root", "--num_episodes", "1", "--allow_import", MODULE)
     assert played.returncode == 0, played.stderr[-3000:]
     assert "episode 1: return" in played.stdout
+
+
+@pytest.mark.distributed
+@pytest.mark.timeout(150)
+def test_user_networks_train_under_ddp_with_identical_parameters_on_both_ranks(tmp_path):
+    (tmp_path / "pkgs").mkdir()
+    (tmp_path / "pkgs" / f"{MODULE}.py").write_text(MODULE_SOURCE)
+    conf = CONF.replace("TrainerConfig.async_unroll = True", "TrainerConfig.async_unroll = False")
+    (tmp_path / "user.gin").write_text(conf)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           "-m", "alfish.bin.train", "--conf", "user.gin", "--root_dir", "root",
+                           "--conf_param", "TrainerConfig.num_env_steps = 120",
+                           # every iteration, the ranks compare parameter checksums (a mismatch is an error)
+                           "--conf_param", "TrainerConfig.ddp_paras_check_interval = 1"],
+                          cwd=tmp_path, env=child_env(tmp_path / "pkgs"), capture_output=True, text=True, timeout=140)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] INFO training finished" in proc.stderr, proc.stderr[-3000:]
