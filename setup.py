@@ -22,6 +22,7 @@ setup(
         "mujoco": ["gymnasium[mujoco]>=1.0"],
         "box2d": ["gymnasium[box2d]>=1.0"],
         "atari": ["ale-py>=0.9", "opencv-python-headless>=4.5"],  # ale-py >= 0.9 ships the game ROMs
+        "envpool": ["envpool>=1.0"],  # create_environment.vectorization = 'envpool'
         "bench": ["stable-baselines3>=2.3"],
     },
 )

@@ -21,7 +21,7 @@ from alfish.envs.contract import EnvContractError
 from alfish.envs.factory import EnvFactory
 from alfish.envs.workers import EnvWorkers
 
-VECTORIZATIONS = ("sync", "async")
+VECTORIZATIONS = ("sync", "async", "envpool")
 
 
 class BatchedEnv:
@@ -52,7 +52,15 @@ class BatchedEnv:
         self._step_timeout_s = step_timeout_s
         fns = [EnvFactory.here(env_name, env_kwargs, render_mode)] * num_envs
         mode = gym.vector.AutoresetMode.NEXT_STEP
-        if vectorization == "sync":
+        if vectorization == "envpool" and render_mode is not None:
+            # EnvPool does not render: play and recording step the same env through gymnasium in this process.
+            logging.info("vectorization='envpool' does not render; using 'sync' for render_mode=%s", render_mode)
+            vectorization = "sync"
+        if vectorization == "envpool":
+            from alfish.envs.envpool_vector import EnvpoolVectorEnv
+
+            self._venv = EnvpoolVectorEnv(env_name, num_envs, seed, env_kwargs)
+        elif vectorization == "sync":
             self._venv = gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
         else:
             # forkserver workers: they do not inherit torch's threads or the trainer's signal handlers
@@ -201,7 +209,8 @@ def environment_settings(
 
     env_name: any registered gymnasium id (classic control, box2d, MuJoCo, ``alfish/*`` toys).
     num_parallel_environments: ``B``, the number of envs stepped together.
-    vectorization: ``'sync'`` (in this process) or ``'async'`` (one subprocess per env, gymnasium AsyncVectorEnv).
+    vectorization: ``'sync'`` (in this process), ``'async'`` (one subprocess per env, gymnasium AsyncVectorEnv) or
+        ``'envpool'`` (EnvPool's C++ thread pool, ``pip install envpool``; Atari and EnvPool's other tasks).
     step_timeout_s: seconds an async step or reset may take (a worker's start-up: at least 60 s) before it is an error
         naming the worker and showing its Python stack; a worker that dies is an error at once, never a hang.
     """

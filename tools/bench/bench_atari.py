@@ -22,6 +22,8 @@ multiply-add) over the best rate this machine reaches on a plain ``nn.Sequential
 backward, batches 8 to 256, best of 5 each): the time an update or a forward pass cannot go below here; alfish's
 measured times beside them.
 Learning (``--learn_steps N``): one run each of N agent steps with a 5-episode evaluation at the end (game score).
+Env only (``--env_only``): agent steps/s of ``ALE/Pong-v5`` through alfish's ``BatchedEnv`` with random actions, for
+each vectorization ('sync', 'async', 'envpool' when installed) at 1 and 8 envs, medians of ``--repeats``.
 """
 from __future__ import annotations
 
@@ -162,6 +164,38 @@ def floor_report() -> list[str]:
     return rows
 
 
+# ------------------------------------------------------------------------------------------------ env only ----
+def env_rate(num_envs: int, vectorization: str, steps: int = 4000, warm_up: int = 50) -> float:
+    """Agent steps/s of ``num_envs`` Pong games through ``BatchedEnv``, random actions."""
+    from alfish.envs import create_environment
+
+    env = create_environment(env_name="ALE/Pong-v5", num_parallel_environments=num_envs, seed=0,
+                             vectorization=vectorization)
+    try:
+        env.reset()
+        for _ in range(warm_up):
+            env.step(env.random_action())
+        batches = max(1, steps // num_envs)
+        start = time.perf_counter()
+        for _ in range(batches):
+            env.step(env.random_action())
+        return batches * num_envs / (time.perf_counter() - start)
+    finally:
+        env.close()
+
+
+def env_report(repeats: int) -> list[str]:
+    import importlib.util
+
+    modes = ["sync", "async"] + (["envpool"] if importlib.util.find_spec("envpool") else [])
+    rows = ["| envs | vectorization | agent steps/s |", "|---|---|---|"]
+    for num_envs in (1, 8):
+        for mode in modes:
+            rates = [env_rate(num_envs, mode) for _ in range(max(1, repeats))]
+            rows.append(f"| {num_envs} | {mode} | {statistics.median(rates):.0f} |")
+    return rows
+
+
 # -------------------------------------------------------------------------------------------- end to end ----
 def run_alfish(algo: str, steps: int, learn: bool) -> dict:
     from alfish.config import TrainerConfig, load_conf
@@ -244,6 +278,7 @@ def main() -> None:
     parser.add_argument("--ppo_steps", type=int, default=3072)
     parser.add_argument("--floor_only", action="store_true")
     parser.add_argument("--learn_steps", type=int, default=0)
+    parser.add_argument("--env_only", action="store_true")
     parser.add_argument("--one", nargs=3, metavar=("FRAMEWORK", "ALGO", "STEPS"), help=argparse.SUPPRESS)
     parser.add_argument("--learn", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -252,12 +287,15 @@ def main() -> None:
         result = (run_alfish if framework == "alfish" else run_sb3)(algo, int(steps), args.learn)
         print("RESULT " + json.dumps(result), flush=True)
         return
+    if args.env_only:
+        print("\n".join(env_report(args.repeats)), flush=True)
+        return
     for row in floor_report():
         print(row, flush=True)
     if args.floor_only:
         return
     table = ["| algorithm | agent steps | alfish steps/s | SB3 steps/s | alfish / SB3 |", "|---|---|---|---|---|"]
-    for algo in args.algos:
+    for algo in args.algos if args.repeats > 0 else []:
         steps = args.dqn_steps if algo == "dqn" else args.ppo_steps
         rates = {"alfish": [], "sb3": []}
         for _ in range(args.repeats):
@@ -267,7 +305,8 @@ def main() -> None:
                 print(f"{algo} {framework}: {rates[framework][-1]:.1f} agent steps/s", flush=True)
         a, s = statistics.median(rates["alfish"]), statistics.median(rates["sb3"])
         table.append(f"| {algo} Pong | {steps} | {a:.1f} | {s:.1f} | {a / s:.2f} |")
-    print("\n".join(table))
+    if args.repeats > 0:
+        print("\n".join(table))
     if args.learn_steps:
         for algo in args.algos:
             scores = {fw: one(fw, algo, args.learn_steps, True)["score"] for fw in ("alfish", "sb3")}
