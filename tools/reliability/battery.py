@@ -54,22 +54,27 @@ def kill_during_checkpoints(work: pathlib.Path, args) -> Row:
     conf = work / "kill.gin"
     conf.write_text(A2C_SLOW.replace("TrainerConfig.num_checkpoints = 0", "TrainerConfig.num_checkpoints = 100000"))
     root, rng = work / "root", random.Random(0)
-    unloadable = older = failed_starts = 0
+    unloadable = older = 0
+    failures: list[str] = []  # one per failed start: which kill, why, and the run's last log line
     for i in range(args.kills):
         before = _newest(root)
         proc = train(conf, root, work / f"kill-{i}.log")
+        why = ""
         try:
             if not wait_for(lambda b=before, p=proc: _newest(root) > b or p.popen.poll() is not None, 90):
-                failed_starts += 1
+                why = "no new checkpoint within 90 s"
             elif proc.popen.poll() is not None:
-                failed_starts += 1
+                why = f"exited {proc.popen.returncode} before a new checkpoint"
             else:
                 time.sleep(rng.uniform(0.0, 0.6))
         finally:
             proc.kill_group()
         text = proc.text()
-        if i and not re.search(r"resumed from \S+/ckpt-(\d+)", text):
-            failed_starts += 1
+        if not why and i and not re.search(r"resumed from \S+/ckpt-(\d+)", text):
+            why = "did not resume"
+        if why:
+            last = next((line for line in reversed(text.splitlines()) if line.strip()), "")
+            failures.append(f"kill {i}: {why} ({last[-160:]!r})")
         if "that do not verify" in text:
             older += 1
         ck = Checkpointer(str(root / "checkpoints"))
@@ -77,10 +82,11 @@ def kill_during_checkpoints(work: pathlib.Path, args) -> Row:
             ck.load(ck.steps()[-1])
         except Exception:  # noqa: BLE001  (any failure to load is what we count)
             unloadable += 1
-    ok = unloadable == 0 and failed_starts == 0
+    ok = unloadable == 0 and not failures
     return Row("kill -9 during checkpoint writes", args.kills, ok,
                f"{args.kills} kills, {unloadable} unloadable resumes, {older} resumed from an older checkpoint, "
-               f"{failed_starts} failed starts; newest checkpoint step {_newest(root)}")
+               f"{len(failures)} failed starts{': first ' + failures[0] if failures else ''}; newest checkpoint "
+               f"step {_newest(root)}")
 
 
 # ------------------------------------------------------------------------------------ 2. damaged files ----
