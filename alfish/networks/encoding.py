@@ -16,7 +16,7 @@ Shapes: ``forward(obs)`` takes ``[*batch, *obs_shape]`` (a dict of such tensors 
 """
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
 import gin
 import gymnasium as gym
@@ -178,12 +178,15 @@ class EncodingNetwork(nn.Module):
         channels_last: layout of rank-3 images; ``None``: inferred (HWC when the last axis is the shortest).
         rnn: ``None``, ``'lstm'`` or ``'gru'``: a recurrent core of ``rnn_size`` units after the fc layers.
         rnn_size: units of the recurrent core.
+        key_encoder_ctors: for a Dict observation, ``{key: ctor}`` replacing the default encoder of those keys (a
+            user's preprocessing network per key): ``ctor(space_of_key)`` -> a module ``[N, *key_shape] -> [N, F]``
+            with an int attribute ``output_size`` (``F``).
     """
 
     def __init__(self, observation_space: gym.Space, conv_layers: ConvSpec = "nature", fc_layers: Sequence[int] = (),
                  key_fc_layers: Sequence[int] = (), activation: str = "relu", layer_norm: bool = False,
                  dropout: float = 0.0, channels_last: Optional[bool] = None, rnn: Optional[str] = None,
-                 rnn_size: int = 256):
+                 rnn_size: int = 256, key_encoder_ctors: Optional[dict[str, Callable[..., nn.Module]]] = None):
         super().__init__()
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"EncodingNetwork.dropout={dropout} must be in [0, 1)")
@@ -191,14 +194,23 @@ class EncodingNetwork(nn.Module):
             raise ValueError(f"EncodingNetwork.rnn='{rnn}' is not one of {RNN_KINDS} (or None)")
         self.observation_space = observation_space
         self.keys: Optional[list[str]] = None
+        custom = dict(key_encoder_ctors or {})
         if isinstance(observation_space, gym.spaces.Dict):
             self.keys = list(observation_space.spaces)
+            unknown = sorted(set(custom) - set(self.keys))
+            if unknown:
+                raise ValueError(f"EncodingNetwork.key_encoder_ctors names {unknown}, which the observation does not "
+                                 f"have; its keys are {self.keys}")
             self.encoders = nn.ModuleDict({
-                key: self._leaf_encoder(space, conv_layers, key_fc_layers, activation, layer_norm, dropout,
-                                        channels_last, name=key)
+                key: self._custom_encoder(custom[key], space, key) if key in custom else
+                self._leaf_encoder(space, conv_layers, key_fc_layers, activation, layer_norm, dropout, channels_last,
+                                   name=key)
                 for key, space in observation_space.spaces.items()})
             size = sum(e.output_size for e in self.encoders.values())
         else:
+            if custom:
+                raise ValueError(f"EncodingNetwork.key_encoder_ctors needs a Dict observation; this one is "
+                                 f"{observation_space}")
             self.encoder = self._leaf_encoder(observation_space, conv_layers, (), activation, layer_norm, dropout,
                                               channels_last, name="observation")
             size = self.encoder.output_size
@@ -223,6 +235,14 @@ class EncodingNetwork(nn.Module):
             raise ValueError(f"EncodingNetwork cannot tell how to encode {name} of shape {space.shape}: images are "
                              "rank 3 (HWC or CHW) or uint8 rank 2; write a network class for it")
         return VectorEncoder(space, key_fc_layers, activation, layer_norm, dropout)
+
+    @staticmethod
+    def _custom_encoder(ctor: Callable[..., nn.Module], space: gym.Space, key: str) -> nn.Module:
+        encoder = ctor(space)
+        if not isinstance(getattr(encoder, "output_size", None), int):
+            raise ValueError(f"EncodingNetwork.key_encoder_ctors['{key}'] = {ctor} must build a module with an int "
+                             "attribute output_size (its feature size)")
+        return encoder
 
     def _leaf_spaces(self) -> dict[str, gym.spaces.Box]:
         space = self.observation_space

@@ -128,3 +128,27 @@ def test_space_kinds():
     assert is_flat_space(gym.spaces.Box(-1, 1, (4,)))
     assert is_flat_space(gym.spaces.Dict({"a": gym.spaces.Box(-1, 1, (4,))}))
     assert not is_flat_space(gym.spaces.Dict({"a": image((1, 4, 4))}))
+
+
+class JointsEncoder(torch.nn.Module):
+    """A user's preprocessing of one key: sin and cos of each joint angle."""
+
+    def __init__(self, space):
+        super().__init__()
+        self.output_size = 2 * space.shape[0]
+
+    def forward(self, x):
+        return torch.cat([x.sin(), x.cos()], -1)
+
+
+def test_a_users_encoder_replaces_the_default_of_its_key():
+    space = gym.spaces.Dict({"camera": image((1, 6, 6)), "joints": gym.spaces.Box(-3, 3, (3,), np.float32)})
+    net = EncodingNetwork(space, conv_layers=((2, 3, 1),), key_encoder_ctors={"joints": JointsEncoder})
+    assert isinstance(net.encoders["joints"], JointsEncoder) and net.output_size == 2 * 4 * 4 + 6
+    joints = torch.tensor([[0.0, 1.0, 2.0]])
+    out = net({"camera": torch.zeros(1, 1, 6, 6, dtype=torch.uint8), "joints": joints})
+    torch.testing.assert_close(out[:, 32:], torch.cat([joints.sin(), joints.cos()], -1))
+    with pytest.raises(ValueError, match=r"names \['wheels'\], which the observation does not have"):
+        EncodingNetwork(space, conv_layers=((2, 3, 1),), key_encoder_ctors={"wheels": JointsEncoder})
+    with pytest.raises(ValueError, match="needs a Dict observation"):
+        EncodingNetwork(image((1, 6, 6)), conv_layers=((2, 3, 1),), key_encoder_ctors={"joints": JointsEncoder})
