@@ -163,6 +163,7 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     'EncodingNetwork.key_fc_layers': AT_LEAST_ONE,
     'EncodingNetwork.rnn': OneOf('alfish.networks.encoding:RNN_KINDS'),
     'EncodingNetwork.rnn_size': AT_LEAST_ONE,
+    'EncodingNetwork.memory_format': OneOf('alfish.networks.encoding:MEMORY_FORMATS'),
     # Envs.
     'create_environment.num_parallel_environments': AT_LEAST_ONE,
     'create_environment.seed': NON_NEGATIVE,

@@ -152,3 +152,22 @@ def test_a_users_encoder_replaces_the_default_of_its_key():
         EncodingNetwork(space, conv_layers=((2, 3, 1),), key_encoder_ctors={"wheels": JointsEncoder})
     with pytest.raises(ValueError, match="needs a Dict observation"):
         EncodingNetwork(image((1, 6, 6)), conv_layers=((2, 3, 1),), key_encoder_ctors={"joints": JointsEncoder})
+
+
+def test_channels_last_memory_gives_the_features_of_contiguous_memory():
+    torch.manual_seed(0)
+    fast = EncodingNetwork(image((4, 20, 20)), conv_layers=((8, 4, 2), (8, 3, 1)), memory_format="channels_last")
+    plain = EncodingNetwork(image((4, 20, 20)), conv_layers=((8, 4, 2), (8, 3, 1)), memory_format="contiguous")
+    plain.load_state_dict(fast.state_dict())
+    conv = fast.encoder.convs[0]
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert plain.encoder.convs[0].weight.is_contiguous()
+    pixels = torch.randint(0, 256, (6, 4, 20, 20), dtype=torch.uint8)
+    torch.testing.assert_close(fast(pixels), plain(pixels))
+    floats = pixels.float()
+    before = floats.clone()
+    float_net = EncodingNetwork(image((4, 20, 20), np.float32), conv_layers=((8, 4, 2),))
+    float_net(floats)
+    assert torch.equal(floats, before)  # the caller's tensor is not scaled or changed in place
+    with pytest.raises(ValueError, match="memory_format='nhwc' is not one of"):
+        EncodingNetwork(image((4, 20, 20)), memory_format="nhwc")

@@ -18,9 +18,10 @@ alternating alfish / SB3 ``--repeats`` times; the medians of agent steps/s and t
   ``make_atari_env`` (``AtariWrapper``) over the same ``ALE/Pong-v5`` with frameskip 1 and sticky actions 0.25, and
   ``VecFrameStack(4)``. Threads: each framework's default.
 Floor (``--floor_only`` prints only this): the Nature CNN's FLOPs per sample (convs as im2col matmuls, 2 FLOPs per
-multiply-add) over the best rate this machine reaches on a plain ``nn.Sequential`` Nature CNN (forward, and forward +
-backward, batches 8 to 256, best of 5 each): the time an update or a forward pass cannot go below here; alfish's
-measured times beside them.
+multiply-add) over the best rate this machine reaches on a bare ``nn.Sequential`` Nature CNN (forward, and forward +
+backward, batches 8 to 256, NCHW and channels_last, best of 5 each): the time an update or a forward pass cannot go
+below here. Beside it, the same work done by the bare network at the same batch size (what the kernels reach there)
+and alfish's measured times.
 Learning (``--learn_steps N``): one run each of N agent steps with a 5-episode evaluation at the end (game score).
 Env only (``--env_only``): agent steps/s of ``ALE/Pong-v5`` through alfish's ``BatchedEnv`` with random actions, for
 each vectorization ('sync', 'async', 'envpool' when installed) at 1 and 8 envs, medians of ``--repeats``.
@@ -87,21 +88,23 @@ def best_time(fn, repeats: int = 5, number: int = 3) -> float:
 
 def machine_rates(batches: tuple[int, ...] = (8, 32, 128, 256)) -> tuple[float, float]:
     """The best FLOP/s this machine reaches on a plain Nature CNN's forward, and on its forward + backward, over
-    ``batches`` (its own kernels, no framework around them): the peak the floors are computed from."""
+    ``batches`` and both memory formats (contiguous NCHW, channels_last NHWC: oneDNN's convolutions prefer the latter
+    on CPUs), with nothing of a framework around the kernels: the peak the floors are computed from."""
     import torch
 
-    net = nature_cnn()
     forward = train = 0.0
-    for batch in batches:
-        x = torch.rand(batch, 4, 84, 84)
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        net = nature_cnn().to(memory_format=memory_format)
+        for batch in batches:
+            x = torch.rand(batch, 4, 84, 84).contiguous(memory_format=memory_format)
 
-        def step(x: torch.Tensor = x) -> None:
-            net.zero_grad(set_to_none=True)
-            net(x).sum().backward()
+            def step(x: torch.Tensor = x, net: torch.nn.Module = net) -> None:
+                net.zero_grad(set_to_none=True)
+                net(x).sum().backward()
 
-        with torch.no_grad():
-            forward = max(forward, batch * forward_flops() / best_time(lambda x=x: net(x)))
-        train = max(train, batch * training_flops() / best_time(step))
+            with torch.no_grad():
+                forward = max(forward, batch * forward_flops() / best_time(lambda x=x, net=net: net(x)))
+            train = max(train, batch * training_flops() / best_time(step))
     return forward, train
 
 
@@ -143,24 +146,47 @@ def alfish_times() -> dict:
     return out
 
 
+def plain_times() -> dict:
+    """The same work done by a bare channels_last ``nn.Sequential`` Nature CNN on float inputs (no framework, no uint8
+    conversion, no loss): forward + backward at 32 plus a no-grad forward at 32 (the DQN update's network work), and
+    no-grad forwards at 1 and 8. Shows what the kernels reach at these batch sizes."""
+    import torch
+
+    net = nature_cnn().to(memory_format=torch.channels_last)
+    x32 = torch.rand(32, 4, 84, 84).contiguous(memory_format=torch.channels_last)
+
+    def update() -> None:
+        net.zero_grad(set_to_none=True)
+        net(x32).sum().backward()
+        with torch.no_grad():
+            net(x32)
+
+    out = {"update_s": best_time(update, number=5)}
+    with torch.no_grad():
+        for n in (1, 8):
+            x = torch.rand(n, 4, 84, 84).contiguous(memory_format=torch.channels_last)
+            out[f"forward{n}_s"] = best_time(lambda x=x: net(x), number=20)
+    return out
+
+
 def floor_report() -> list[str]:
     import torch
 
     forward_rate, train_rate = machine_rates()
-    times = alfish_times()
+    times, plain = alfish_times(), plain_times()
     fwd, train = forward_flops(), training_flops()
     rows = [f"machine: {torch.get_num_threads()} torch threads; Nature CNN forward {fwd / 1e6:.1f} MFLOP per sample, "
-            f"forward + backward {train / 1e6:.1f} MFLOP; best measured rates (batches 8-256): forward "
-            f"{forward_rate / 1e9:.1f} GFLOP/s, forward + backward {train_rate / 1e9:.1f} GFLOP/s",
-            "| what | FLOPs | floor | alfish | floor / alfish |", "|---|---|---|---|---|"]
+            f"forward + backward {train / 1e6:.1f} MFLOP; best measured rates (batches 8-256, both memory formats): "
+            f"forward {forward_rate / 1e9:.1f} GFLOP/s, forward + backward {train_rate / 1e9:.1f} GFLOP/s",
+            "| what | FLOPs | floor | bare torch net | alfish | floor / alfish | bare / alfish |",
+            "|---|---|---|---|---|---|---|"]
     # DQN update, batch 32: online forward + backward on obs_0, target-network forward on obs_1.
-    for name, flops, floor, measured in (
-            ("DQN update (batch 32)", 32 * (train + fwd), 32 * (train / train_rate + fwd / forward_rate),
-             times["update_s"]),
-            ("policy forward, 1 observation", fwd, fwd / forward_rate, times["forward1_s"]),
-            ("policy forward, 8 observations", 8 * fwd, 8 * fwd / forward_rate, times["forward8_s"])):
-        rows.append(f"| {name} | {flops / 1e9:.3f} G | {floor * 1e3:.2f} ms | {measured * 1e3:.2f} ms | "
-                    f"{floor / measured:.0%} |")
+    for name, key, flops, floor in (
+            ("DQN update (batch 32)", "update_s", 32 * (train + fwd), 32 * (train / train_rate + fwd / forward_rate)),
+            ("policy forward, 1 observation", "forward1_s", fwd, fwd / forward_rate),
+            ("policy forward, 8 observations", "forward8_s", 8 * fwd, 8 * fwd / forward_rate)):
+        rows.append(f"| {name} | {flops / 1e9:.3f} G | {floor * 1e3:.2f} ms | {plain[key] * 1e3:.2f} ms | "
+                    f"{times[key] * 1e3:.2f} ms | {floor / times[key]:.0%} | {plain[key] / times[key]:.0%} |")
     return rows
 
 
