@@ -52,7 +52,7 @@ BAD_VALUES = [
     ("OptimizerConfig.betas = (0.9, 1.0)", "a list or tuple of numbers in [0, 1), e.g. (0.9, 0.999)"),
     ("Trainer.num_threads = 0", "an int >= 1, 'auto' or None"),
     # Misspelled strings from a fixed set: the closest valid one is suggested.
-    ("create_environment.vectorization = 'asyn'", "one of 'sync', 'async'; did you mean 'async'?"),
+    ("create_environment.vectorization = 'asyn'", "one of 'sync', 'async', 'envpool'; did you mean 'async'?"),
     ("PpoAlgorithm.activation = 'Tanh'", "one of 'relu', 'tanh', 'elu', 'gelu', 'silu'; did you mean 'tanh'?"),
     ("DevicePolicy.device = 'cpuu'", "one of 'auto', 'cpu', 'cuda', 'cuda:N'; did you mean 'cpu'?"),
     ("Trainer.num_threads = 'atuo'", "an int >= 1, 'auto' or None; did you mean 'auto'?"),

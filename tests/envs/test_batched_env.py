@@ -195,7 +195,7 @@ def test_numpy_action_of_right_shape_is_accepted_or_named_as_wrong_type(make_env
 
 
 def test_unknown_vectorization_is_a_value_error():
-    with pytest.raises(ValueError, match=r"vectorization='threads' is not one of \('sync', 'async'\)"):
+    with pytest.raises(ValueError, match=r"vectorization='threads' is not one of \('sync', 'async', 'envpool'\)"):
         create_environment(env_name="alfish/Chain-v0", vectorization="threads")
 
 
