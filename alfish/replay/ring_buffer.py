@@ -103,6 +103,15 @@ class RingBuffer:
         """A storage leaf holding ``leaf`` (from a checkpoint); ordinary memory may reuse ``leaf`` itself."""
         return leaf.to(self.device).contiguous()  # (gather reads leaves through a flat view)
 
+    def _to_capacity(self, leaf: torch.Tensor) -> torch.Tensor:
+        """A saved leaf ``[num_envs, filled, ...]`` (filled <= capacity) as a full ``[num_envs, capacity, ...]`` one,
+        the unwritten slots zero."""
+        if leaf.shape[1] == self.capacity:
+            return leaf
+        full = torch.zeros((leaf.shape[0], self.capacity) + tuple(leaf.shape[2:]), dtype=leaf.dtype)
+        full[:, :leaf.shape[1]] = leaf
+        return full
+
     def _update_mirrors(self) -> None:
         """Recompute the Python ints from the counters (after a clear or a load, which may lower the counts)."""
         self._max_stored = int(self.num_stored().max())
@@ -231,8 +240,15 @@ class RingBuffer:
     # ---------------------------------------------------------------------------------------------- checkpointing --
     def state_dict(self) -> dict:
         """Tensors only, all on the CPU (a checkpoint does not depend on where the storage lived): the storage leaves,
-        the write counters and the oldest readable index."""
+        the write counters and the oldest readable index.
+
+        Until the rings wrap, only the slots written so far are saved (``[num_envs, max write count, ...]``): a 100k
+        ring of Atari frames is 700 MB, most of it empty early in a run; ``load_state_dict`` pads them back.
+        """
         leaves = self._storage or []
+        filled = int(self._write_count.max()) if leaves else 0
+        if filled < self.capacity:
+            leaves = [leaf[:, :filled] for leaf in leaves]
         state = {"write_count": self._write_count.clone(), "oldest": self.oldest_index(),
                  "leaves": [leaf.to("cpu", copy=True) for leaf in leaves]}
         if self._episode_end is not None:
@@ -250,7 +266,11 @@ class RingBuffer:
             raise ValueError(f"the checkpoint's replay buffer holds {len(state['leaves'])} fields per step but this "
                              f"algorithm stores {self._spec.num_leaves}; it was written by another alfish version or "
                              "algorithm: resume it with that version, or start a new root_dir")
-        self._storage = [self._adopt(x) for x in state["leaves"]] or None
+        saved = {x.shape[1] for x in state["leaves"]}
+        if saved and saved != {self.capacity} and saved != {int(self._write_count.max())}:
+            raise ValueError(f"the checkpoint's replay buffer has rings of {sorted(saved)} steps per env but this one "
+                             f"has {self.capacity}; resume with the replay_buffer_length it was written with")
+        self._storage = [self._adopt(self._to_capacity(x)) for x in state["leaves"]] or None
         self._update_mirrors()
         if self._episode_end is not None:
             if "episode_end" not in state:

@@ -258,8 +258,30 @@ def test_storage_holds_no_more_than_the_raw_bytes_of_a_step():
     step = _Exp(_torch.ones(2, dtype=_torch.int8), _torch.zeros(2), _torch.ones(2), _torch.zeros(2, 3),
                 _torch.zeros(2, 1), _torch.arange(2))
     ring.add(step)
-    stored_bytes = sum(t.numel() * t.element_size() for t in ring.state_dict()["leaves"])
+    stored_bytes = sum(t.numel() * t.element_size() for t in ring._storage)
     assert stored_bytes == 2 * 100 * 25
     # and gather gives env_id back: the ring index of each sequence
     exp = ring.gather(_torch.tensor([1, 0]), _torch.tensor([0, 0]), 1)
     assert exp.env_id.tolist() == [[1], [0]]
+
+
+def test_a_ring_that_has_not_wrapped_saves_only_its_written_slots_and_loads_back_whole():
+    ring = RingBuffer(num_envs=2, capacity=100)
+    for t in range(7):
+        ring.add(Experience(torch.ones(2, dtype=torch.int8), torch.full((2,), float(t)), torch.ones(2),
+                            torch.full((2, 3), float(t)), torch.zeros(2, 1), torch.arange(2)))
+    state = ring.state_dict()
+    assert [tuple(leaf.shape[:2]) for leaf in state["leaves"]] == [(2, 7)] * len(state["leaves"])
+    example = ring.gather(torch.tensor([0]), torch.tensor([0]), 1)
+    fresh = RingBuffer(num_envs=2, capacity=100)
+    fresh.load_state_dict(state, example)
+    assert all(leaf.shape[1] == 100 for leaf in fresh._storage)
+    got = fresh.gather(torch.tensor([1, 0]), torch.tensor([2, 6]), 1)
+    assert got.reward[:, 0].tolist() == [2.0, 6.0] and got.observation[:, 0, 0].tolist() == [2.0, 6.0]
+    for t in range(7, 130):  # wraps: then the whole ring is saved
+        fresh.add(Experience(torch.ones(2, dtype=torch.int8), torch.full((2,), float(t)), torch.ones(2),
+                             torch.full((2, 3), float(t)), torch.zeros(2, 1), torch.arange(2)))
+    assert all(leaf.shape[1] == 100 for leaf in fresh.state_dict()["leaves"])
+    smaller = RingBuffer(num_envs=2, capacity=50)
+    with pytest.raises(ValueError, match="rings of \\[100\\] steps per env but this one has 50"):
+        smaller.load_state_dict(fresh.state_dict(), example)
