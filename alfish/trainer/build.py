@@ -26,6 +26,7 @@ from alfish.envs.spec import EnvSpec
 from alfish.learn.amp import AmpPolicy
 from alfish.learn.device import CPU, DevicePolicy
 from alfish.learn.distributed import DistContext, broadcast_object, init_distributed, log_job_totals
+from alfish.learn.host_memory import keep_freed_host_memory
 from alfish.learn.learner import Learner
 from alfish.learn.optim import OptimizerConfig
 from alfish.learn.threads import AUTO, set_threads
@@ -51,6 +52,7 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
     ``fresh``: start over, moving the root_dir's previous checkpoints aside (``train --fresh``)."""
     options = options or RunOptions()
     check_combinations(config, options, _declared_on_policy(config))
+    keep_freed_host_memory(options.host_memory_cache_mb)
     if options.num_threads != AUTO:  # ('auto' needs the networks: set once they are built)
         set_threads(options.num_threads, torch.nn.Module(), 0)
     devices = DevicePolicy()

@@ -14,7 +14,9 @@ import torch
 
 from alfish.algorithms.sac import SacAlgorithm
 from alfish.data.types import Experience
+from alfish.learn.host_memory import keep_freed_host_memory
 from alfish.learn.optim import OptimizerConfig
+from alfish.trainer.options import RunOptions
 
 
 def mlp_macs(dims: list[int]) -> int:
@@ -76,7 +78,10 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--host_memory_cache_mb", type=int, default=RunOptions.host_memory_cache_mb,
+                        help="as Trainer.host_memory_cache_mb (alfish's default; 0: malloc's defaults)")
     args = parser.parse_args()
+    keep_freed_host_memory(args.host_memory_cache_mb)  # as a training run does
     if args.threads:
         torch.set_num_threads(args.threads)
     flops = sac_update_flops(3, 1, args.hidden, args.batch)
