@@ -112,7 +112,7 @@ def test_sample_view_repeats_the_oldest_stored_frame_when_history_was_overwritte
 def test_buffer_stores_single_frames():
     buffer = RingBuffer(NUM_ENVS, 8)
     buffer.add(Experience.from_time_step(time_step(0), torch.zeros(NUM_ENVS, dtype=torch.long)))
-    assert tuple(buffer.state_dict()["leaves"][3].shape) == (NUM_ENVS, 8, 2)  # observation leaf: one frame per slot
+    assert tuple(buffer._storage[3].shape) == (NUM_ENVS, 8, 2)  # observation leaf: one frame per slot
 
 
 def test_bad_arguments_are_clear_errors():
@@ -135,7 +135,7 @@ def test_atari_frames_cost_one_raw_frame_per_step_in_replay_and_stack_to_uint8_a
         ts = TimeStep(step_type, torch.zeros(num_envs), torch.ones(num_envs), obs,
                       torch.zeros(num_envs, dtype=torch.long), torch.arange(num_envs))
         buffer.add(Experience.from_time_step(ts, torch.zeros(num_envs, dtype=torch.long)))
-    stored = sum(t.numel() * t.element_size() for t in buffer.state_dict()["leaves"])
+    stored = sum(t.numel() * t.element_size() for t in buffer._storage)
     per_step = stored / (num_envs * capacity)
     assert per_step == frame_bytes + 1 + 4 + 4 + 8, per_step
     assert per_step / frame_bytes <= 1.1
