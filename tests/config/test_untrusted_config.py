@@ -13,6 +13,7 @@ from gin.selector_map import SelectorMap
 from alfish.config import ConfError, TrainerConfig, load_conf, load_config_text
 from alfish.config.untrusted import MAX_STORED_CONFIG_BYTES, check_env_names
 from alfish.trainer.build import build_trainer
+from tests.shipped_confs import skip_unless_installed
 
 CONFS = pathlib.Path(__file__).resolve().parents[2] / 'confs'
 STORED = 'runs/a/meta.json[operative_config]'
@@ -270,6 +271,7 @@ def operative_config_of(conf_file, params, root_dir) -> str:
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize('conf', sorted(p.name for p in CONFS.glob('*.gin')))
 def test_operative_config_of_every_shipped_conf_round_trips(tmp_path, conf):
+    skip_unless_installed(conf)
     # Async unroll would start a child process; the operative config is the same but for that flag.
     params = ['TrainerConfig.async_unroll = False'] if 'realtime' in conf else []
     text = operative_config_of(CONFS / conf, params, tmp_path / 'a')

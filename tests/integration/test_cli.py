@@ -14,6 +14,7 @@ import imageio.v2 as imageio
 import pytest
 
 from alfish.trainer.checkpoint import Checkpointer
+from tests.shipped_confs import skip_unless_installed
 
 from .inprocess import CONFS, REPO, eval_log
 
@@ -23,7 +24,6 @@ EVAL_SMALL = ["TrainerConfig.num_eval_episodes=1", "TrainerConfig.num_eval_envir
               "TrainerConfig.num_checkpoints=2"]
 
 ATARI_SMALL = ["create_environment.env_kwargs={'max_episode_steps': 50}"] + EVAL_SMALL
-NEEDS_ATARI = {"dqn_pong.gin", "dqn_breakout.gin", "ppo_pong.gin", "ppo_breakout.gin"}
 
 # conf -> (bindings of the first, short run; env-step budget of the second run; env steps per iteration;
 #          env steps taken before the first iteration; episode length limit of the env)
@@ -111,9 +111,7 @@ def check_ok(proc):
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("conf", sorted(SHRINK))
 def test_conf_trains_checkpoints_resumes_and_plays(tmp_path, conf):
-    if conf in NEEDS_ATARI:
-        pytest.importorskip("ale_py", reason="Atari confs need `pip install alfish[atari]`")
-        pytest.importorskip("cv2", reason="Atari confs need `pip install alfish[atari]`")
+    skip_unless_installed(conf)
     first_params, second_budget = SHRINK[conf]
     root = tmp_path / "root"
 

@@ -12,6 +12,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from alfish.bin import train
+from tests.shipped_confs import skip_unless_installed
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFS = sorted(p.name for p in (REPO / "confs").glob("*.gin"))
@@ -64,8 +65,7 @@ IN_CI = ("sac_pendulum.gin", "ppo_cartpole.gin")  # run by the two tests above
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("conf", [c for c in CONFS if c not in IN_CI])
 def test_every_other_shipped_conf_runs_unchanged_on_two_ranks(tmp_path, conf):
-    if "pong" in conf or "breakout" in conf:
-        pytest.importorskip("ale_py", reason="Atari confs need `pip install alfish[atari]`")
+    skip_unless_installed(conf)
     check_trains_on_two_ranks(conf, tmp_path / "root")
 
 
