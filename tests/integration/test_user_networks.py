@@ -1,14 +1,13 @@
 """A user's own network classes, defined in a module the conf imports, given to SAC through gin under ALF's names
 (``actor_network_cls``, ``critic_network_cls``): training with async unroll (the child process builds the same
 networks), checkpointing, resuming, and playing once the user trusts the module with --allow_import."""
-import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
 
-from .inprocess import REPO
+from .test_play_untrusted import child_env  # the user's package dir and the repo on PYTHONPATH, no display
 
 pytestmark = [pytest.mark.cli]
 
@@ -60,13 +59,6 @@ TrainerConfig.unroll_parameter_update_period = 1
 TrainerConfig.evaluate = False
 TrainerConfig.num_checkpoints = 2
 """
-
-
-def child_env(pythonpath: pathlib.Path) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", SDL_VIDEODRIVER="dummy", PYTHONUNBUFFERED="1",
-               PYTHONPATH=os.pathsep.join([str(pythonpath), str(REPO)]))
-    env.pop("DISPLAY", None)
-    return env
 
 
 def run(work: pathlib.Path, module: str, *args: str) -> subprocess.CompletedProcess:
