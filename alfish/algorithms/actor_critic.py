@@ -13,6 +13,7 @@ from torch import nn
 
 from alfish.networks import distributions as D
 from alfish.networks.encoding import EncodingNetwork
+from alfish.networks.heads import build_encoder
 from alfish.networks.mlp import MLP
 
 
@@ -46,7 +47,7 @@ class ActorCriticNetworks(nn.Module):
     Parameters: ``policy.*``, ``value_net.*`` (and ``encoder.*``, ``log_std`` for Box actions).
     """
 
-    def __init__(self, algorithm: "Any", hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh",
+    def __init__(self, algorithm: Any, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh",
                  initial_log_std: float = 0.0, actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
                  value_network_ctor: Optional[Callable[..., nn.Module]] = None):
         super().__init__()
@@ -54,7 +55,7 @@ class ActorCriticNetworks(nn.Module):
         action_dim = algorithm.num_actions if self.discrete else algorithm.action_dim
         self.encoder: Optional[nn.Module] = None
         if algorithm.raw_observations and actor_network_ctor is None and value_network_ctor is None:
-            self.encoder = EncodingNetwork(algorithm.observation_space)
+            self.encoder = build_encoder(EncodingNetwork, algorithm.observation_space)
             features = self.encoder.output_size
             self.policy = MLP(features, action_dim, hidden_sizes, activation, output_gain=0.01)
             self.value_net = MLP(features, 1, hidden_sizes, activation, output_gain=1.0)

@@ -20,7 +20,8 @@ from alfish.networks.encoding import EncodingNetwork
 from alfish.networks.mlp import MLP
 
 
-def _encoder(ctor: Callable[..., nn.Module], observation_space: gym.Space) -> nn.Module:
+def build_encoder(ctor: Callable[..., nn.Module], observation_space: gym.Space) -> nn.Module:
+    """``ctor(observation_space)``, checked: it sets an int ``output_size`` and is not recurrent (not trained yet)."""
     encoder = ctor(observation_space)
     if getattr(encoder, "recurrent", False):
         raise ValueError("a recurrent encoder (EncodingNetwork.rnn) needs recurrent training (use_rollout_state), "
@@ -46,7 +47,7 @@ class FeedForwardNetwork(nn.Module):
                  encoding_network_ctor: Callable[..., nn.Module] = EncodingNetwork,
                  output_gain: float | None = None):
         super().__init__()
-        self.encoder = _encoder(encoding_network_ctor, observation_space)
+        self.encoder = build_encoder(encoding_network_ctor, observation_space)
         self.head = MLP(self.encoder.output_size, output_dim, hidden_sizes, activation, output_gain, layer_norm,
                         dropout)
 
@@ -65,7 +66,7 @@ class CriticNetwork(nn.Module):
                  activation: str = "relu", layer_norm: bool = False, dropout: float = 0.0,
                  encoding_network_ctor: Callable[..., nn.Module] = EncodingNetwork):
         super().__init__()
-        self.encoder = _encoder(encoding_network_ctor, observation_space)
+        self.encoder = build_encoder(encoding_network_ctor, observation_space)
         self.head = MLP(self.encoder.output_size + action_dim, 1, hidden_sizes, activation, None, layer_norm, dropout)
 
     def forward(self, obs: Any, action: torch.Tensor) -> torch.Tensor:

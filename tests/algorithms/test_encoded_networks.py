@@ -135,3 +135,12 @@ def test_user_networks_are_called_with_the_space_and_output_size_and_see_raw_obs
     assert sac.critics.members["layer__weight"].shape == (3, 1, 5)
     q = sac.critics(torch.randn(4, 3), torch.randn(4, 2))
     assert q.shape == (3, 4, 1)
+
+
+@pytest.mark.parametrize("cls", [PpoAlgorithm, DqnAlgorithm, SacAlgorithm])
+def test_a_recurrent_encoder_is_refused_until_recurrent_training_exists(cls):
+    with gin.unlock_config():
+        gin.bind_parameter("EncodingNetwork.rnn", "gru")
+    action_space = BOX if cls is SacAlgorithm else DISCRETE
+    with pytest.raises(ValueError, match=r"a recurrent encoder \(EncodingNetwork.rnn\) needs recurrent training"):
+        cls(IMAGE, action_space, hidden_sizes=(8,))
