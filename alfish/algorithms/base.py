@@ -25,7 +25,7 @@ from alfish.data import nest
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, TimeStep
 from alfish.networks.encoding import is_flat_space
 from alfish.networks.ensemble import EnsembleCritic, VmapEnsemble
-from alfish.networks.heads import CriticNetwork, FeedForwardNetwork
+from alfish.networks.heads import CriticNetwork, FeedForwardNetwork, refuse_overridden_bindings
 from alfish.networks.mlp import MLP
 
 
@@ -113,6 +113,8 @@ class RLAlgorithm(Algorithm):
             return ctor(self.observation_space, output_dim)
         if not self.raw_observations:
             return MLP(self.obs_dim, output_dim, hidden_sizes, activation, output_gain)
+        refuse_overridden_bindings("FeedForwardNetwork", ("hidden_sizes", "activation", "output_gain"),
+                                   type(self).__name__)
         return FeedForwardNetwork(self.observation_space, output_dim, hidden_sizes, activation,
                                   output_gain=output_gain)
 
@@ -123,6 +125,8 @@ class RLAlgorithm(Algorithm):
         action_dim)`` (default ``CriticNetwork`` with ``hidden_sizes``)."""
         if ctor is None and not self.raw_observations:
             return EnsembleCritic(num_critics, self.obs_dim + self.action_dim, 1, hidden_sizes)
+        if ctor is None:
+            refuse_overridden_bindings("CriticNetwork", ("hidden_sizes",), type(self).__name__)
         make = ctor or functools.partial(CriticNetwork, hidden_sizes=hidden_sizes)
         return VmapEnsemble(lambda: make(self.observation_space, self.action_dim), num_critics)
 

@@ -20,6 +20,19 @@ from alfish.networks.encoding import EncodingNetwork
 from alfish.networks.mlp import MLP
 
 
+def refuse_overridden_bindings(configurable: str, params: Sequence[str], owner: str) -> None:
+    """An error if the conf binds ``configurable.<param>`` for a network the algorithm ``owner`` builds itself and
+    sizes with its own arguments (the binding would do nothing)."""
+    for param in params:
+        try:
+            gin.query_parameter(f"{configurable}.{param}")
+        except ValueError:  # not bound
+            continue
+        raise ValueError(f"{configurable}.{param} is bound, but {owner} builds its default {configurable} with its own "
+                         f"{param}: set {owner}.{param} instead, or give the network as a constructor (e.g. "
+                         f"{owner}'s *_network_cls / *_network_ctor = @{configurable})")
+
+
 def build_encoder(ctor: Callable[..., nn.Module], observation_space: gym.Space) -> nn.Module:
     """``ctor(observation_space)``, checked: it sets an int ``output_size`` and is not recurrent (not trained yet)."""
     encoder = ctor(observation_space)

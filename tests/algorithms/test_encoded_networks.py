@@ -144,3 +144,15 @@ def test_a_recurrent_encoder_is_refused_until_recurrent_training_exists(cls):
     action_space = BOX if cls is SacAlgorithm else DISCRETE
     with pytest.raises(ValueError, match=r"a recurrent encoder \(EncodingNetwork.rnn\) needs recurrent training"):
         cls(IMAGE, action_space, hidden_sizes=(8,))
+
+
+def test_a_binding_the_default_network_would_ignore_is_an_error():
+    with gin.unlock_config():
+        gin.bind_parameter("FeedForwardNetwork.hidden_sizes", (32,))
+    with pytest.raises(ValueError, match=r"FeedForwardNetwork.hidden_sizes is bound, but DqnAlgorithm builds its "
+                                         r"default FeedForwardNetwork with its own hidden_sizes: set "
+                                         r"DqnAlgorithm.hidden_sizes instead"):
+        DqnAlgorithm(IMAGE, DISCRETE)
+    # named as the constructor, the binding applies
+    alg = DqnAlgorithm(IMAGE, DISCRETE, q_network_cls=FeedForwardNetwork)
+    assert [m.out_features for m in alg.q_net.head if isinstance(m, nn.Linear)] == [32, 3]
