@@ -155,7 +155,6 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     '*.target_policy_noise': NON_NEGATIVE,
     '*.target_noise_clip': NON_NEGATIVE,
     '*.policy_delay': AT_LEAST_ONE,
-    'MLP.output_gain': POSITIVE,
     '*.output_gain': POSITIVE,
     '*.dropout': Range(0, 1, high_open=True, note='a probability'),
     'EncodingNetwork.conv_layers': (AT_LEAST_ONE, OneOf('alfish.networks.encoding:CONV_PRESETS')),

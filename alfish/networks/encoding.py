@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from alfish.networks.mlp import activation_class
+from alfish.networks.mlp import activation_class, fc_stack
 
 #: The conv stack of Mnih et al. 2015 (Nature DQN): (out_channels, kernel, stride) per layer, no padding.
 NATURE_CNN = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
@@ -161,21 +161,6 @@ class VectorEncoder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(x.reshape(x.shape[0], self.in_size).to(torch.float32))
-
-
-def fc_stack(in_size: int, sizes: Sequence[int], activation: str, layer_norm: bool, dropout: float) -> nn.Sequential:
-    """Linear layers of ``sizes``, each followed by LayerNorm (option), the activation and dropout (option)."""
-    act = activation_class(activation)
-    layers: list[nn.Module] = []
-    for size in sizes:
-        layers.append(nn.Linear(in_size, size))
-        if layer_norm:
-            layers.append(nn.LayerNorm(size))
-        layers.append(act())
-        if dropout > 0:
-            layers.append(nn.Dropout(dropout))
-        in_size = size
-    return nn.Sequential(*layers)
 
 
 @gin.configurable

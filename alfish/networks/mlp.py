@@ -22,6 +22,22 @@ def activation_class(name: str) -> Callable[[], nn.Module]:
     return ACTIVATIONS[name]
 
 
+def fc_stack(in_size: int, sizes: Sequence[int], activation: str, layer_norm: bool = False,
+             dropout: float = 0.0) -> nn.Sequential:
+    """Linear layers of ``sizes``, each followed by LayerNorm (option), the activation and dropout (option)."""
+    act = activation_class(activation)
+    layers: list[nn.Module] = []
+    for size in sizes:
+        layers.append(nn.Linear(in_size, size))
+        if layer_norm:
+            layers.append(nn.LayerNorm(size))
+        layers.append(act())
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        in_size = size
+    return nn.Sequential(*layers)
+
+
 @gin.configurable
 class MLP(nn.Sequential):
     """``[N, in_dim] -> [N, out_dim]`` through ``hidden_sizes`` with ``activation`` between layers.
@@ -33,14 +49,8 @@ class MLP(nn.Sequential):
     def __init__(self, in_dim: int, out_dim: int, hidden_sizes: Sequence[int] = (256, 256),
                  activation: str = "relu", output_gain: float | None = None, layer_norm: bool = False,
                  dropout: float = 0.0):
-        act = activation_class(activation)
-        layers: list[nn.Module] = []
-        dims = [in_dim, *hidden_sizes]
-        for a, b in zip(dims[:-1], dims[1:]):
-            layers += [nn.Linear(a, b)] + ([nn.LayerNorm(b)] if layer_norm else []) + [act()]
-            if dropout > 0:
-                layers.append(nn.Dropout(dropout))
-        layers.append(nn.Linear(dims[-1], out_dim))
+        layers: list[nn.Module] = list(fc_stack(in_dim, hidden_sizes, activation, layer_norm, dropout))
+        layers.append(nn.Linear(hidden_sizes[-1] if hidden_sizes else in_dim, out_dim))
         super().__init__(*layers)
         if output_gain is not None:  # e.g. a small policy head, as SB3/CleanRL initialise PPO
             nn.init.orthogonal_(layers[-1].weight, gain=output_gain)
