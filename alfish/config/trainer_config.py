@@ -36,10 +36,6 @@ NOT_BUILT_YET: dict[str, str] = {
     "summarize_action_distributions": "action distribution summaries are not built yet",
     "summarize_output": "network output summaries are not built yet",
     "update_counter_every_mini_batch": "the global counter advances once per iteration only",
-    "offline_buffer_dir": "offline / hybrid training is not built yet",
-    "offline_buffer_length": "offline / hybrid training is not built yet",
-    "rl_train_after_update_steps": "offline / hybrid training is not built yet",
-    "rl_train_every_update_steps": "offline / hybrid training is not built yet",
 }
 
 
@@ -135,10 +131,17 @@ class TrainerConfig:
         priority_replay_alpha: priority exponent: stored priority = (priority + eps) ** alpha; float or schedule.
         priority_replay_beta: importance-weight exponent: w = (N * P(i)) ** -beta; float or schedule.
         priority_replay_eps: added to every priority before the exponent, so none is 0.
-        offline_buffer_dir: directory of an offline replay buffer for offline/hybrid training (not built yet).
-        offline_buffer_length: steps loaded from the offline buffer (not built yet).
-        rl_train_after_update_steps: hybrid training: updates before RL training starts (not built yet).
-        rl_train_every_update_steps: hybrid training: RL training every so many updates (not built yet).
+        offline_buffer_dir: offline data for offline or hybrid training: one source or a list of them, each a
+            path (an alfish dataset, an alfish results or checkpoint directory, a Minari dataset directory, a
+            D4RL-style .npz/.hdf5 file or directory of .npy arrays), optionally prefixed by its kind
+            (``'d4rl:/data/x.npz'``); see ``alfish/replay/offline/sources.py``. ``None``: online training only.
+        offline_buffer_length: most steps loaded from each offline source (``None``: all).
+        rl_train_after_update_steps: hybrid training (``HybridTraining.mixing='separate'``, ALF's scheme): the
+            online RL part (collection and the RL loss on online samples) starts at this iteration (ALF's global
+            counter); before it only the offline loss trains. ``>= num_iterations``: pure offline training, and no
+            training env is built.
+        rl_train_every_update_steps: hybrid training: once started, the RL part trains at iterations divisible by
+            this (ALF: ``global_counter % rl_train_every_update_steps == 0``); the offline loss trains every update.
         empty_cache: call torch.cuda.empty_cache() every iteration (no effect without CUDA).
         normalize_importance_weights_by_max: prioritized replay: divide the importance weights by their max in the
             batch (ALF's meaning); False keeps (N * P(i)) ** -beta.
@@ -199,7 +202,7 @@ class TrainerConfig:
     priority_replay_alpha: NumberOrSchedule = 0.7
     priority_replay_beta: NumberOrSchedule = 0.4
     priority_replay_eps: float = 1e-6
-    offline_buffer_dir: Optional[str] = None
+    offline_buffer_dir: Union[str, list[str], tuple[str, ...], None] = None
     offline_buffer_length: Optional[int] = None
     rl_train_after_update_steps: int = 0
     rl_train_every_update_steps: int = 1
@@ -362,6 +365,18 @@ def _cross_field_problems(config: TrainerConfig) -> list[str]:
          f"TrainerConfig.whole_replay_buffer_training=True needs TrainerConfig.replay_buffer_length "
          f"(now {c.replay_buffer_length}) >= ceil(TrainerConfig.unroll_length)+1 = {needed_length} "
          f"(one unroll plus the step to bootstrap from)"),
+        (c.offline_buffer_dir is None and c.offline_buffer_length is not None,
+         f"TrainerConfig.offline_buffer_length={c.offline_buffer_length} limits the offline data, but "
+         "TrainerConfig.offline_buffer_dir is not set; set it or remove offline_buffer_length"),
+        (c.offline_buffer_dir is None and (c.rl_train_after_update_steps != 0 or c.rl_train_every_update_steps != 1),
+         "TrainerConfig.rl_train_after_update_steps / rl_train_every_update_steps schedule the RL part of hybrid "
+         "training, but TrainerConfig.offline_buffer_dir is not set; set it or remove them"),
+        (c.offline_buffer_dir is not None and isinstance(c.offline_buffer_dir, (list, tuple))
+         and len(c.offline_buffer_dir) == 0,
+         "TrainerConfig.offline_buffer_dir=[] names no source; give one or more paths, or None"),
+        (c.offline_buffer_dir is not None and c.whole_replay_buffer_training,
+         "TrainerConfig.offline_buffer_dir trains from sampled mini-batches: set "
+         "TrainerConfig.whole_replay_buffer_training=False (with mini_batch_size and mini_batch_length)"),
         (c.mini_batch_length is not None and c.mini_batch_length > c.replay_buffer_length,
          f"TrainerConfig.mini_batch_length={c.mini_batch_length} must be <= "
          f"TrainerConfig.replay_buffer_length={c.replay_buffer_length}"),

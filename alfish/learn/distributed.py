@@ -33,6 +33,7 @@ import logging
 import os
 import socket
 from collections.abc import Sequence
+from typing import Optional
 
 import gin
 import torch
@@ -163,9 +164,42 @@ class LossModule(nn.Module):
         super().__init__()
         self.algorithm = algorithm
 
-    def forward(self, exp: Experience) -> LossInfo:
+    def forward(self, exp: Experience, rl_exp: Optional[Experience] = None) -> LossInfo:
+        """The loss of ``exp``; with ``rl_exp`` (ALF's hybrid training: ``exp`` offline, ``rl_exp`` online) the sum of
+        the two losses' means, in one graph (see ``sum_losses``)."""
+        loss_info = self._loss(exp)
+        return loss_info if rl_exp is None else sum_losses(loss_info, self._loss(rl_exp))
+
+    def _loss(self, exp: Experience) -> LossInfo:
         train_info = self.algorithm.train_step(exp).info
         return self.algorithm.calc_loss(exp, train_info)
+
+
+def sum_losses(first: LossInfo, second: LossInfo) -> LossInfo:
+    """One LossInfo whose weighted mean is ``mean(first) + mean(second)`` (each weighted by its own importance
+    weights when the batch infos are concatenated in the same order): the per-sample losses ``[..., B1]`` and
+    ``[..., B2]`` are concatenated along the batch, each scaled by ``(n1 + n2) / n_i``. Named terms of ``second`` keep
+    their names; those of ``first`` get the prefix ``offline/``. Priorities ``[B1 + B2]``."""
+    a, b = first.loss, second.loss
+    if a.dim() == 0 or b.dim() == 0:
+        loss = a.mean() + b.mean()
+    else:
+        total = a.numel() + b.numel()
+        loss = torch.cat([a * (total / a.numel()), b * (total / b.numel())], dim=-1)
+
+    def extra() -> dict:
+        out = {f"offline/{k}": v for k, v in _terms(first).items()}
+        out.update(_terms(second))
+        return out
+
+    has_priority = isinstance(first.priority, torch.Tensor) and isinstance(second.priority, torch.Tensor)
+    priority = torch.cat([first.priority, second.priority]) if has_priority else ()
+    return LossInfo(loss=loss, extra=extra, priority=priority)
+
+
+def _terms(loss_info: LossInfo) -> dict:
+    extra = loss_info.extra
+    return dict(extra() if callable(extra) else (extra or {}))
 
 
 def wrap_for_ddp(algorithm: nn.Module, ctx: DistContext, device: torch.device = CPU) -> nn.Module:

@@ -120,19 +120,22 @@ class Learner:
         ``calc_loss`` on the unroll, which is then handed to ``apply``."""
         return self.amp.autocast()
 
-    def update(self, batch: Experience, batch_info: BatchInfo | None = None) -> LossInfo:
+    def update(self, batch: Experience, batch_info: BatchInfo | None = None,
+               rl_batch: Experience | None = None) -> LossInfo:
         """One gradient step on a time-major batch ``[L, B, ...]``: ``train_step`` + ``calc_loss`` in the loss module
         under autocast (under DDP its backward all-reduces the gradients), then the shared step.
 
         batch_info: where the batch came from; its ``importance_weights [B]`` (prioritized replay) weight the
         per-sample loss. Returns ``calc_loss``'s LossInfo (per-sample loss, new priorities ``[B]`` if any).
+        rl_batch: ALF's hybrid training: an online batch whose loss is added to that of ``batch`` (offline), in the
+        same forward (``LossModule``); ``batch_info`` then describes both, ``batch``'s rows first.
 
         Raises:
             NonFiniteLossError: when a read of the guard is due (see ``finite_check_interval``) and this or an
                 earlier update since the last read had a NaN/inf loss; this update changed nothing.
         """
         with self.amp.autocast():
-            loss_info = self._compute_loss(batch)
+            loss_info = self._compute_loss(batch) if rl_batch is None else self.loss_module(batch, rl_batch)
         return self._step(loss_info, batch_info, allreduce=False)
 
     def apply(self, loss_info: LossInfo, batch_info: BatchInfo | None = None) -> LossInfo:

@@ -166,6 +166,10 @@ class ReplayBuffer:
         shapes); needs a storage built with ``track_episode_ends=True``."""
         return self._storage.episode_end(env_ids, index)
 
+    def summary(self) -> dict[str, float]:
+        """Scalars for TensorBoard (a buffer that mixes sources reports its mix); none here."""
+        return {}
+
     # ---------------------------------------------------------------------------------------------- checkpointing --
     def state_dict(self) -> dict:
         """Tensors only: ``{"storage": ..., "sampler": ...}``; priority updates still in flight are applied first."""

@@ -217,6 +217,16 @@ class RingBuffer:
         """``(leaf_shape, dtype)`` of every stored leaf, in storage order (empty before the first add)."""
         return [(tuple(store.shape[2:]), store.dtype) for store in self._storage or []]
 
+    def field_names(self) -> list[str]:
+        """Dotted names of the stored leaves, in storage order (``step_type``, ``observation.<key>``, ``action``,
+        ``rollout_info.<k>``, ...); empty before the first add. Checkpoints record them so a replay buffer can be read
+        as offline data without rebuilding its algorithm."""
+        if self._spec is None:
+            return []
+        paths, _ = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(self._spec.num_leaves)), self._spec))
+        return [".".join(str(getattr(k, "name", getattr(k, "key", getattr(k, "idx", k)))) for k in path)
+                for path, _ in paths]
+
     def write_count(self) -> torch.Tensor:
         """Steps ever written per env ``[num_envs]`` (the absolute index the next step gets)."""
         return self._write_count.clone()

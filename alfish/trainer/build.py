@@ -5,6 +5,9 @@ training loop has no branch on them.
     config ──► checks ──► seed, DDP context, resume point
            ──► Collector (sync | async child)  ──► EnvSpec ──► data transformers + algorithm
            ──► Learner, ReplayBuffer (uniform | prioritized sampler), training step (on-policy | sampled | whole buffer)
+    offline data (TrainerConfig.offline_buffer_dir; offline_parts.py): loaded first; pure offline training gets a
+           NoCollector over the data's spaces instead of envs; the offline buffer joins the online one (a
+           MixedReplayBuffer) and the training step is ALF's HybridTraining or sampling from the mixture (RLPD)
            ──► summaries, evaluator, checkpointer ──► Trainer
 """
 from __future__ import annotations
@@ -30,6 +33,9 @@ from alfish.learn.host_memory import keep_freed_host_memory
 from alfish.learn.learner import Learner
 from alfish.learn.optim import OptimizerConfig
 from alfish.learn.threads import AUTO, set_threads
+from alfish.collect.no_collector import NoCollector
+from alfish.replay.offline.options import OfflineOptions
+from alfish.replay.offline.steps import Steps
 from alfish.replay.prioritized import PrioritizedSampler
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.samplers import UniformSampler
@@ -41,6 +47,9 @@ from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.evaluator import Evaluator
 from alfish.trainer.options import RunOptions
 from alfish.trainer.resume import choose_resume_point
+from alfish.trainer.offline_parts import (build_offline_collector, build_offline_replay, build_offline_training_step,
+                                          check_offline_combinations, combine_replay, is_pure_offline, load_sources,
+                                          offline_spec)
 from alfish.trainer.summary import NullSummaries, Summaries
 from alfish.trainer.trainer import Trainer
 from alfish.trainer.training import OnPolicyTraining, SampledReplayTraining, TrainingStep, WholeBufferTraining
@@ -64,10 +73,17 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
     seed = int(broadcast_object(_choose_seed(config, resume_from), dist))
     rank_seed = seed + RANK_SEED_OFFSET * dist.rank
     seed_everything(rank_seed)
-    collector = build_collector(config, options, rank_seed, device)
+    offline_options = OfflineOptions() if config.offline_buffer_dir is not None else None
+    if offline_options is not None:  # (before loading: the config alone decides these)
+        check_offline_combinations(config, offline_options, _declared_on_policy(config), "")
+    offline_steps = load_sources(config, offline_options) if offline_options is not None else None
+    if offline_steps is not None and is_pure_offline(config):
+        collector = build_offline_collector(offline_spec(offline_steps))  # no training env at all
+    else:
+        collector = build_collector(config, options, rank_seed, device)
     try:
         return _assemble(config, options, dist, device, devices, checkpointer, resume_from, seed, rank_seed,
-                         collector)
+                         collector, offline_options, offline_steps)
     except BaseException:
         collector.close()  # the async child, the envs
         raise
@@ -75,10 +91,13 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
 
 def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, device: torch.device,
               devices: DevicePolicy, checkpointer: Checkpointer, resume_from: Optional[LoadedCheckpoint], seed: int,
-              rank_seed: int, collector: Collector) -> Trainer:
+              rank_seed: int, collector: Collector, offline_options: Optional[OfflineOptions] = None,
+              offline_steps: Optional[Steps] = None) -> Trainer:
     spec = collector.spec
     transformer, algorithm = build_policy(config, spec)
     check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
+    if offline_options is not None:
+        check_offline_combinations(config, offline_options, algorithm.on_policy, type(algorithm).__name__)
     if options.num_threads == AUTO:
         set_threads(AUTO, algorithm, training_batch_rows(config, spec.num_envs, algorithm.on_policy))
     if options.random_warm_up_actions:
@@ -87,16 +106,26 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
     log_job_totals(dist, spec.num_envs, config.mini_batch_size)
     learner = Learner(algorithm, OptimizerConfig(), AmpPolicy(config.enable_amp, device.type), dist, device)
     transformer.to(device)  # normalizer statistics are used in training, on the device
-    replay = None if algorithm.on_policy else build_replay_buffer(config, spec, transformer, devices, device)
-    training = build_training_step(config, collector, learner, algorithm, replay, transformer, total_envs,
-                                   config.mini_batch_size)
+    counters = Counters()
+    pure_offline = isinstance(collector, NoCollector)
+    replay = None
+    if not algorithm.on_policy and not pure_offline:
+        replay = build_replay_buffer(config, spec, transformer, devices, device)
+    if offline_steps is None:
+        training = build_training_step(config, collector, learner, algorithm, replay, transformer, total_envs,
+                                       config.mini_batch_size)
+    else:
+        offline = build_offline_replay(config, offline_options, offline_steps, algorithm, transformer, spec, device)
+        replay = combine_replay(replay, offline, offline_options)
+        training = build_offline_training_step(config, offline_options, collector, learner, algorithm, replay,
+                                               transformer, counters, total_envs)
     plan = RunPlan(config, total_envs)
     summaries = NullSummaries()  # rank 0 alone writes files
     if dist.is_main:
         summaries = Summaries(config.root_dir, plan.summary_interval, config.summarize_first_interval,
                               config.summaries_flush_secs, config.summary_max_queue)
     evaluator = build_evaluator(config, seed, transformer) if config.evaluate and dist.is_main else None
-    return Trainer(config=config, options=options, dist=dist, plan=plan, counters=Counters(), collector=collector,
+    return Trainer(config=config, options=options, dist=dist, plan=plan, counters=counters, collector=collector,
                    replay=replay, learner=learner, training=training, algorithm=algorithm, transformer=transformer,
                    evaluator=evaluator, summaries=summaries, checkpointer=checkpointer, seed=seed,
                    rank_seed=rank_seed, resume_from=resume_from)

@@ -35,6 +35,7 @@ from alfish.collect.episode_stats import EpisodeStats
 from alfish.envs.spec import EnvSpec
 from alfish.learn.distributed import DistContext, broadcast_object
 from alfish.learn.learner import Learner
+from alfish.replay.offline.steps import space_to_json
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.seeding import reseed, seed_everything
 from alfish.trainer.checkpoint import Checkpointer, CheckpointError, CheckpointWriteError, LoadedCheckpoint
@@ -73,9 +74,10 @@ def job_world_size() -> int:
 
 def checkpoint_contents(*, algorithm: Algorithm, transformer: DataTransformer, learner: Learner, counters: Counters,
                         stats: EpisodeStats, replay: Optional[ReplayBuffer], seed: int,
-                        world_size: Optional[int] = None) -> tuple[dict, dict]:
+                        world_size: Optional[int] = None, spec: Optional[EnvSpec] = None) -> tuple[dict, dict]:
     """``(tensors, meta)`` for ``Checkpointer.save``; ``replay=None`` leaves the buffer out. ``world_size``: the
-    job's number of ranks (``None``: read from the process group)."""
+    job's number of ranks (``None``: read from the process group). ``spec``: the env's spaces, recorded with the
+    replay buffer's field names (``meta['replay_layout']``) so the buffer can be read as an offline dataset."""
     rng_tensors, rng_meta = capture_rng_state()
     tensors = dict(algorithm=algorithm.state_dict(), transformers=transformer.state_dict(),
                    learner=learner.state_dict(), rng=rng_tensors)
@@ -84,7 +86,15 @@ def checkpoint_contents(*, algorithm: Algorithm, transformer: DataTransformer, l
     meta = dict(layout=CHECKPOINT_LAYOUT, **counters.state_dict(), seed=seed, num_episodes=stats.num_episodes,
                 rng=rng_meta, operative_config=gin.operative_config_str(), versions=dict(torch=torch.__version__),
                 world_size=job_world_size() if world_size is None else int(world_size))
+    if replay is not None and spec is not None:
+        meta["replay_layout"] = replay_layout(replay, spec)
     return tensors, meta
+
+
+def replay_layout(replay: ReplayBuffer, spec: EnvSpec) -> dict:
+    """The stored fields' names (in the order of the checkpoint's leaves) and the env's spaces, as JSON."""
+    return {"fields": replay.storage.field_names(), "observation_space": space_to_json(spec.observation_space),
+            "action_space": space_to_json(spec.action_space)}
 
 
 def restore(ckpt: LoadedCheckpoint, *, algorithm: Algorithm, transformer: DataTransformer, learner: Learner,

@@ -212,7 +212,7 @@ class Trainer:
         tensors, meta = checkpoint_contents(
             algorithm=self.algorithm, transformer=self.transformer, learner=self.learner, counters=self.counters,
             stats=self.collector.stats, replay=self.replay if self.options.save_replay_buffer else None,
-            seed=self.seed, world_size=self.dist.world_size)
+            seed=self.seed, world_size=self.dist.world_size, spec=self.collector.spec)
         path = self.checkpointer.save(self.counters.iteration, tensors, meta)
         logging.info("checkpoint written: %s", path)
         return path

@@ -104,6 +104,9 @@ class ReplayTraining(TrainingStep):
     def _train(self) -> None:
         raise NotImplementedError
 
+    def summary(self) -> dict[str, float]:
+        return {**super().summary(), **self.replay.summary()}
+
 
 class SampledReplayTraining(ReplayTraining):
     """``num_updates_per_train_iter`` mini-batches of ``mini_batch_size`` sequences of ``mini_batch_length`` steps."""

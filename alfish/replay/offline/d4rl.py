@@ -17,28 +17,14 @@ object dtypes are refused.
 """
 from __future__ import annotations
 
-import dataclasses
-from typing import Mapping
+from typing import Callable, Mapping, Optional
 
 import numpy as np
 
 from alfish.data.types import StepType
+from alfish.replay.offline.steps import Steps
 
 REQUIRED = ("observations", "actions", "rewards", "terminals")
-
-
-@dataclasses.dataclass(frozen=True)
-class Steps:
-    """Steps ``[T]`` in alfish's convention (numpy arrays), episodes one after another; ``dropped``: transitions
-    that could not be stored (no ``next_observations``)."""
-
-    step_type: np.ndarray   # [T] int8, StepType
-    reward: np.ndarray      # [T] float32, of the previous step's action
-    discount: np.ndarray    # [T] float32, 0 only at a termination
-    observation: np.ndarray  # [T, *obs]
-    action: np.ndarray      # [T, *act] (zeros at LAST steps)
-    dropped: int
-    num_episodes: int
 
 
 def _check(arrays: Mapping[str, np.ndarray], source: str) -> int:
@@ -59,14 +45,26 @@ def _check(arrays: Mapping[str, np.ndarray], source: str) -> int:
     return n
 
 
-def d4rl_to_steps(arrays: Mapping[str, np.ndarray], source: str = "dataset") -> Steps:
-    """The steps of D4RL-style ``arrays`` (see the module docstring); ``source`` names the data in errors."""
+Allocate = Callable[[str, tuple, np.dtype], np.ndarray]
+CHUNK_ROWS = 65536  # rows gathered at a time: memory-mapped and HDF5 inputs are read slab by slab
+
+
+def d4rl_to_steps(arrays: Mapping[str, np.ndarray], source: str = "dataset",
+                  allocate: Optional[Allocate] = None) -> Steps:
+    """The steps of D4RL-style ``arrays`` (see the module docstring); ``source`` names the data in errors.
+
+    ``arrays`` may be numpy arrays, memory maps or h5py datasets: observations and actions are read in slabs of
+    ``CHUNK_ROWS`` rows. ``allocate(name, shape, dtype)`` makes each output array (default ``np.empty``; give one that
+    returns ``np.lib.format.open_memmap`` arrays to convert data larger than memory into files). Float observations
+    and actions become float32, integer actions int64 (what alfish's envs produce); integer observations (images)
+    keep their dtype.
+    """
     n = _check(arrays, source)
-    obs, actions = np.asarray(arrays["observations"]), np.asarray(arrays["actions"])
+    allocate = allocate or (lambda name, shape, dtype: np.empty(shape, dtype))
     rewards = np.asarray(arrays["rewards"], dtype=np.float32).reshape(n)
     terminals = np.asarray(arrays["terminals"]).reshape(n).astype(bool)
-    timeouts = np.asarray(arrays.get("timeouts", np.zeros(n, bool))).reshape(n).astype(bool)
-    next_obs = arrays.get("next_observations")
+    timeouts = np.asarray(arrays["timeouts"]).reshape(n).astype(bool) if "timeouts" in arrays else np.zeros(n, bool)
+    has_next = "next_observations" in arrays
     ends = np.flatnonzero(terminals | timeouts)
     if len(ends) == 0 or ends[-1] != n - 1:
         ends = np.append(ends, n - 1)  # the data's cut end closes the last episode (truncated)
@@ -77,11 +75,10 @@ def d4rl_to_steps(arrays: Mapping[str, np.ndarray], source: str = "dataset") -> 
     dropped = episodes = 0
     for s, e in zip(starts.tolist(), ends.tolist()):
         rows = np.arange(s, e + 1)
-        if next_obs is None:
-            if e == s:
-                dropped += 1
-                continue
+        if not has_next:
             dropped += 1
+            if e == s:
+                continue
             body, last_obs, last_reward, last_discount = rows[:-1], e, rewards[e - 1], 1.0
         else:
             body, last_obs, last_reward = rows, -1 - e, rewards[e]
@@ -97,13 +94,36 @@ def d4rl_to_steps(arrays: Mapping[str, np.ndarray], source: str = "dataset") -> 
         raise ValueError(f"{source}: every episode has a single row and there are no next_observations, so no "
                          "transition can be stored")
     where = np.concatenate(index)
-    observation = np.empty((len(where),) + obs.shape[1:], dtype=obs.dtype)
-    from_rows = where >= 0
-    observation[from_rows] = obs[where[from_rows]]
-    if next_obs is not None:
-        observation[~from_rows] = np.asarray(next_obs)[-1 - where[~from_rows]]
-    act_rows = np.concatenate(acts_from)
-    action = np.zeros((len(act_rows),) + actions.shape[1:], dtype=actions.dtype)
-    action[act_rows >= 0] = actions[act_rows[act_rows >= 0]]
+    obs, actions = arrays["observations"], arrays["actions"]
+    observation = _gather("observation", obs, arrays.get("next_observations"), where, allocate,
+                          _stored_dtype(obs.dtype, is_action=False))
+    action = _gather("action", actions, None, np.concatenate(acts_from), allocate,
+                     _stored_dtype(actions.dtype, is_action=True))
     return Steps(np.concatenate(kinds).astype(np.int8), np.concatenate(rews).astype(np.float32),
-                 np.concatenate(discounts).astype(np.float32), observation, action, dropped, episodes)
+                 np.concatenate(discounts).astype(np.float32), observation, action, dropped, episodes,
+                 source=source)
+
+
+def _stored_dtype(dtype: np.dtype, is_action: bool) -> np.dtype:
+    if np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.bool_):
+        return np.dtype(np.float32)
+    return np.dtype(np.int64) if is_action else np.dtype(dtype)
+
+
+def _gather(name: str, rows_from, next_rows_from, where: np.ndarray, allocate: Allocate,
+            dtype: np.dtype) -> np.ndarray:
+    """``out[i] = rows_from[where[i]]`` for ``where[i] >= 0``, ``next_rows_from[-1 - where[i]]`` for negative ones and
+    zeros where there is no ``next_rows_from``; read slab by slab (each chunk's rows span a short contiguous range)."""
+    out = allocate(name, (len(where),) + tuple(rows_from.shape[1:]), dtype)
+    for lo in range(0, len(where), CHUNK_ROWS):
+        part = where[lo:lo + CHUNK_ROWS]
+        chunk = np.zeros((len(part),) + tuple(rows_from.shape[1:]), dtype)
+        for source, mask, rows in ((rows_from, part >= 0, part), (next_rows_from, part < 0, -1 - part)):
+            if source is None or not mask.any():
+                continue
+            wanted = rows[mask]
+            first, last = int(wanted.min()), int(wanted.max())
+            slab = np.asarray(source[first:last + 1])
+            chunk[mask] = slab[wanted - first]
+        out[lo:lo + len(part)] = chunk
+    return out

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from alfish.data.types import StepType
-from alfish.replay.d4rl import d4rl_to_steps
+from alfish.replay.offline.d4rl import d4rl_to_steps
 
 F, M, L = StepType.FIRST, StepType.MID, StepType.LAST
 

@@ -1,0 +1,187 @@
+"""``MixedReplayBuffer``: online and offline replay seen as one buffer (RLPD's symmetric sampling, Ball et al. 2023).
+
+Each ``sample(B, L)`` draws ``round(B * offline_fraction)`` sequences from the offline buffer and the rest from the
+online one, and returns them as one batch (online rows first): ``mini_batch_size`` is the total of both parts. The
+fraction may be a schedule; the fraction actually drawn is reported as ``replay/offline_fraction`` and the counts of
+sequences drawn from each part are checkpointed, so the figure continues across a resume.
+
+The offline rings are addressed as envs ``num_online_envs ..`` of the mixture: transformers that read neighbouring
+stored steps (frame stacking, hindsight) call ``gather_at`` / ``episode_end`` / ``oldest_index`` with the batch's
+``env_ids`` and are routed to the right part. Online steps are added to, and cleared from, the online part only.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from alfish.data import nest
+from alfish.data.types import BatchInfo, Experience
+from alfish.replay.offline.offline_buffer import OfflineReplayBuffer
+from alfish.replay.replay_buffer import ReplayBuffer
+from alfish.replay.ring_buffer import RingBuffer
+from alfish.schedulers import Scheduler, as_scheduler
+
+
+class MixedReplayBuffer:
+    """Online ``ReplayBuffer`` + ``OfflineReplayBuffer``, sampled together (see the module docstring).
+
+    Args:
+        online: the buffer the collector adds to.
+        offline: the offline data.
+        offline_fraction: share of each batch drawn from the offline data, in [0, 1] (a number or a schedule).
+    """
+
+    def __init__(self, online: ReplayBuffer, offline: OfflineReplayBuffer, offline_fraction: float | Scheduler = 0.5):
+        self.online, self.offline = online, offline
+        self.offline_fraction = as_scheduler(offline_fraction)
+        self.drawn = torch.zeros(2, dtype=torch.int64)  # sequences drawn so far: [online, offline]
+        self._last_split: Optional[tuple[int, int]] = None  # (online rows, offline rows) of the last sample
+
+    # --------------------------------------------------------------------------------- as the online buffer ----
+    @property
+    def device(self) -> torch.device:
+        return self.online.device
+
+    @property
+    def storage(self) -> RingBuffer:
+        """The online rings (what a checkpoint's ``replay_layout`` describes)."""
+        return self.online.storage
+
+    @property
+    def num_envs(self) -> int:
+        """Online envs (the offline rings follow them as envs ``num_envs ..``)."""
+        return self.online.num_envs
+
+    @property
+    def capacity(self) -> int:
+        return self.online.capacity
+
+    def add(self, exp: Experience) -> None:
+        self.online.add(exp)
+
+    def clear(self, keep_last: int = 0) -> None:
+        self.online.clear(keep_last)
+
+    def truncate_episodes(self) -> None:
+        self.online.truncate_episodes()
+
+    def __len__(self) -> int:
+        """Steps collected online (what a warm-up or a refill looks at)."""
+        return len(self.online)
+
+    # ---------------------------------------------------------------------------------------------- sampling ----
+    def split(self, batch_size: int) -> tuple[int, int]:
+        """``(online, offline)`` sequences of a batch of ``batch_size``."""
+        fraction = float(self.offline_fraction())
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"offline_fraction must lie in [0, 1], got {fraction}")
+        offline = int(round(batch_size * fraction))
+        return batch_size - offline, offline
+
+    def sample(self, batch_size: int, length: int, on_device: bool = False) -> tuple[Experience, BatchInfo]:
+        """``batch_size`` sequences ``[B, L]``: the online part's rows first, then the offline part's (see the module
+        docstring). ``BatchInfo.env_ids`` of offline rows are ``num_envs + ring``."""
+        n_online, n_offline = self.split(batch_size)
+        parts, infos = [], []
+        for buffer, n, first_env in ((self.online, n_online, 0), (self.offline, n_offline, self.num_envs)):
+            if n == 0:
+                continue
+            exp, info = buffer.sample(n, length)
+            parts.append(exp)
+            infos.append(info._replace(env_ids=info.env_ids + first_env) if first_env else info)
+        self.record_draw(n_online, n_offline)
+        exp = parts[0] if len(parts) == 1 else nest.map_nest(lambda *x: torch.cat(x), *parts)
+        info = infos[0] if len(infos) == 1 else _cat_infos(infos)
+        return self.to_device(exp, info) if on_device else (exp, info)
+
+    def record_draw(self, n_online: int, n_offline: int) -> None:
+        """Count a batch of ``n_online`` + ``n_offline`` sequences (``HybridTraining`` samples the parts itself)."""
+        self._last_split = (n_online, n_offline)
+        self.drawn += torch.tensor([n_online, n_offline])
+
+    def to_device(self, exp: Experience, batch_info: BatchInfo) -> tuple[Experience, BatchInfo]:
+        return self.online.to_device(exp, batch_info)
+
+    def update_priorities(self, batch_info: BatchInfo, priorities) -> None:
+        """Split ``priorities [B]`` of the last sample between the two parts (each ignores them if not
+        prioritized)."""
+        if priorities is None or (isinstance(priorities, tuple) and not priorities):
+            return
+        n_online, n_offline = self._last_split
+        ids, positions = batch_info.env_ids, batch_info.positions
+        if n_online:
+            self.online.update_priorities(BatchInfo(ids[:n_online], positions[:n_online]), priorities[:n_online])
+        if n_offline:
+            self.offline.update_priorities(BatchInfo(ids[n_online:] - self.num_envs, positions[n_online:]),
+                                           priorities[n_online:])
+
+    def gather_all(self):
+        raise RuntimeError("whole-buffer training (TrainerConfig.whole_replay_buffer_training) cannot mix offline data "
+                           "in; sample mini-batches instead")
+
+    # ---------------------------------------------------- reading by env id (transformers' sample view) ----
+    def num_stored(self) -> torch.Tensor:
+        return torch.cat([self.online.num_stored(), self.offline.num_stored()])
+
+    def oldest_index(self) -> torch.Tensor:
+        return torch.cat([self.online.oldest_index(), self.offline.oldest_index()])
+
+    def write_count(self) -> torch.Tensor:
+        return torch.cat([self.online.write_count(), self.offline.write_count()])
+
+    def gather(self, env_ids: torch.Tensor, positions: torch.Tensor, length: int) -> Experience:
+        return self.gather_at(env_ids, positions.unsqueeze(1) + torch.arange(length))
+
+    def gather_at(self, env_ids: torch.Tensor, index: torch.Tensor) -> Experience:
+        return self._route(env_ids, index, lambda buffer, ids, idx: buffer.gather_at(ids, idx))
+
+    def episode_end(self, env_ids: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return self._route(env_ids, index, lambda buffer, ids, idx: buffer.episode_end(ids, idx))
+
+    def _route(self, env_ids: torch.Tensor, index: torch.Tensor, read):
+        """``read(part, env ids in the part, index)`` for the rows of each part, reassembled in the order asked."""
+        offline_rows = env_ids >= self.num_envs
+        if not bool(offline_rows.any()):
+            return read(self.online, env_ids, index)
+        if bool(offline_rows.all()):
+            return read(self.offline, env_ids - self.num_envs, index)
+        on, off = (~offline_rows).nonzero().squeeze(1), offline_rows.nonzero().squeeze(1)
+        first = read(self.online, env_ids[on], index[on])
+        second = read(self.offline, env_ids[off] - self.num_envs, index[off])
+        order = torch.argsort(torch.cat([on, off]))
+        return nest.map_nest(lambda a, b: torch.cat([a, b]).index_select(0, order.to(a.device)), first, second)
+
+    # ------------------------------------------------------------------------------------------ summaries ----
+    def summary(self) -> dict[str, float]:
+        """``replay/offline_fraction``: the share of the last batch drawn offline; ``replay/offline_fraction_total``:
+        over the run (restored on resume)."""
+        out = {}
+        if self._last_split is not None:
+            out["replay/offline_fraction"] = self._last_split[1] / max(1, sum(self._last_split))
+        total = int(self.drawn.sum())
+        if total:
+            out["replay/offline_fraction_total"] = float(self.drawn[1]) / total
+        return out
+
+    # ---------------------------------------------------------------------------------------- checkpoints ----
+    def state_dict(self) -> dict:
+        return {"online": self.online.state_dict(), "offline": self.offline.state_dict(), "drawn": self.drawn.clone()}
+
+    def load_state_dict(self, state: dict, example: Experience) -> None:
+        if "online" not in state:
+            raise ValueError("the checkpoint's replay buffer was saved without offline data (no 'online' part); "
+                             "resume it with the offline_buffer_dir it was trained with, or start a new root_dir")
+        self.online.load_state_dict(state["online"], example)
+        self.offline.load_state_dict(state["offline"])
+        self.drawn = state["drawn"].clone()
+
+
+def _cat_infos(infos: list[BatchInfo]) -> BatchInfo:
+    weights = [i.importance_weights for i in infos]
+    if all(w is None for w in weights):
+        merged = None
+    else:  # a part sampled uniformly weighs its samples 1
+        merged = torch.cat([w if w is not None else torch.ones(len(i.env_ids)) for w, i in zip(weights, infos)])
+    return BatchInfo(env_ids=torch.cat([i.env_ids for i in infos]), positions=torch.cat([i.positions for i in infos]),
+                     importance_weights=merged)
