@@ -6,6 +6,8 @@ from typing import Callable, Optional, Union
 
 import gin
 
+from alfish.errors import OneLineValueError
+
 MIXINGS = ("separate", "mixed")
 
 
@@ -34,12 +36,12 @@ class OfflineOptions:
 
     def __post_init__(self) -> None:
         if self.mixing not in MIXINGS:
-            raise ValueError(f"OfflineData.mixing={self.mixing!r} must be one of {', '.join(map(repr, MIXINGS))}")
+            raise OneLineValueError(f"OfflineData.mixing={self.mixing!r} must be one of {', '.join(map(repr, MIXINGS))}")
         if isinstance(self.offline_fraction, (int, float)) and not 0.0 <= self.offline_fraction <= 1.0:
-            raise ValueError(f"OfflineData.offline_fraction={self.offline_fraction} must lie in [0, 1]")
+            raise OneLineValueError(f"OfflineData.offline_fraction={self.offline_fraction} must lie in [0, 1]")
         if self.mixing == "separate" and self.offline_fraction != 0.5:
-            raise ValueError("OfflineData.offline_fraction applies to mixing='mixed' (RLPD's batches); with "
+            raise OneLineValueError("OfflineData.offline_fraction applies to mixing='mixed' (RLPD's batches); with "
                              "mixing='separate' each update trains one offline and one online batch: remove it or "
                              "set OfflineData.mixing='mixed'")
         if self.in_memory_limit_mb is not None and self.in_memory_limit_mb < 0:
-            raise ValueError(f"OfflineData.in_memory_limit_mb={self.in_memory_limit_mb} must be >= 0")
+            raise OneLineValueError(f"OfflineData.in_memory_limit_mb={self.in_memory_limit_mb} must be >= 0")

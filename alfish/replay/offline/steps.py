@@ -89,21 +89,29 @@ def check_steps(steps: Steps) -> None:
         if len(value) != n:
             raise ValueError(f"{src}: field '{name}' has {len(value)} rows but 'step_type' has {n}; the data is "
                              "truncated or its fields do not belong together")
-    st = np.asarray(steps.step_type)
-    if not np.isin(st, (StepType.FIRST, StepType.MID, StepType.LAST)).all():
-        raise ValueError(f"{src}: step_type holds values other than FIRST=0, MID=1, LAST=2")
+    st = steps.step_type
     if st[0] != StepType.FIRST or st[-1] != StepType.LAST:
         raise ValueError(f"{src}: the data must start with a FIRST step and end with a LAST step (whole episodes), "
                          f"got {int(st[0])} ... {int(st[-1])}")
-    after_last = st[1:][st[:-1] == StepType.LAST]
-    before_first = st[:-1][st[1:] == StepType.FIRST]
-    if (after_last != StepType.FIRST).any() or (before_first != StepType.LAST).any():
-        bad = int(np.flatnonzero((st[:-1] == StepType.LAST) != (st[1:] == StepType.FIRST))[0])
+    for lo in range(0, n, CHECK_CHUNK):  # in chunks: a mapped dataset larger than memory stays mapped
+        hi = min(n, lo + CHECK_CHUNK + 1)  # (one step of overlap: the boundary between chunks is checked too)
+        _check_chunk(np.asarray(st[lo:hi]), np.asarray(steps.discount[lo:hi]), lo, src)
+
+
+CHECK_CHUNK = 1 << 22  # steps checked at a time
+
+
+def _check_chunk(st: np.ndarray, discount: np.ndarray, offset: int, src: str) -> None:
+    if not ((st == StepType.FIRST) | (st == StepType.MID) | (st == StepType.LAST)).all():
+        raise ValueError(f"{src}: step_type holds values other than FIRST=0, MID=1, LAST=2")
+    last_then, first_next = st[:-1] == StepType.LAST, st[1:] == StepType.FIRST
+    if (last_then != first_next).any():
+        bad = offset + int(np.flatnonzero(last_then != first_next)[0])
         raise ValueError(f"{src}: episode boundary broken at step {bad}: every LAST step must be followed by a FIRST "
                          "step and every FIRST step preceded by a LAST one")
-    zero_discount = np.asarray(steps.discount) == 0
-    if (zero_discount & (st != StepType.LAST)).any():
-        bad = int(np.flatnonzero(zero_discount & (st != StepType.LAST))[0])
+    zero_not_last = (discount == 0) & (st != StepType.LAST)
+    if zero_not_last.any():
+        bad = offset + int(np.flatnonzero(zero_not_last)[0])
         raise ValueError(f"{src}: step {bad} has discount 0 but is not a LAST step; only a termination ends the "
                          "bootstrap")
 
