@@ -1,9 +1,11 @@
 from alfish.algorithms.a2c import A2cAlgorithm
 from alfish.algorithms.base import Algorithm, OffPolicyAlgorithm, OnPolicyAlgorithm, RLAlgorithm
+from alfish.algorithms.bc import BcAlgorithm
 from alfish.algorithms.ddpg import DdpgAlgorithm, Td3Algorithm
 from alfish.algorithms.dqn import DqnAlgorithm
+from alfish.algorithms.iql import IqlAlgorithm
 from alfish.algorithms.ppo import PpoAlgorithm
 from alfish.algorithms.sac import SacAlgorithm
 
-__all__ = ["A2cAlgorithm", "Algorithm", "DdpgAlgorithm", "DqnAlgorithm", "OffPolicyAlgorithm", "OnPolicyAlgorithm",
-           "PpoAlgorithm", "RLAlgorithm", "SacAlgorithm", "Td3Algorithm"]
+__all__ = ["A2cAlgorithm", "Algorithm", "BcAlgorithm", "DdpgAlgorithm", "DqnAlgorithm", "IqlAlgorithm",
+           "OffPolicyAlgorithm", "OnPolicyAlgorithm", "PpoAlgorithm", "RLAlgorithm", "SacAlgorithm", "Td3Algorithm"]

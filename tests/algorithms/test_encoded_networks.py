@@ -10,7 +10,16 @@ import pytest
 import torch
 from torch import nn
 
-from alfish.algorithms import A2cAlgorithm, DdpgAlgorithm, DqnAlgorithm, PpoAlgorithm, SacAlgorithm, Td3Algorithm
+from alfish.algorithms import (
+    A2cAlgorithm,
+    BcAlgorithm,
+    DdpgAlgorithm,
+    DqnAlgorithm,
+    IqlAlgorithm,
+    PpoAlgorithm,
+    SacAlgorithm,
+    Td3Algorithm,
+)
 from alfish.algorithms.ppo import PpoExperienceInfo
 from alfish.data.types import Experience, StepType, TimeStep
 from alfish.networks.encoding import EncodingNetwork
@@ -56,7 +65,7 @@ def update_on_meta(alg, exp: Experience) -> None:
 
 
 @pytest.mark.parametrize("space", [IMAGE, DICT], ids=["image", "dict"])
-@pytest.mark.parametrize("cls", [SacAlgorithm, Td3Algorithm, DdpgAlgorithm])
+@pytest.mark.parametrize("cls", [SacAlgorithm, Td3Algorithm, DdpgAlgorithm, IqlAlgorithm])
 def test_actor_critic_algorithms_train_from_pixels_on_meta(cls, space):
     torch.manual_seed(0)
     alg = cls(space, BOX, hidden_sizes=(8,)).to(META)
@@ -137,7 +146,7 @@ def test_user_networks_are_called_with_the_space_and_output_size_and_see_raw_obs
     assert q.shape == (3, 4, 1)
 
 
-@pytest.mark.parametrize("cls", [PpoAlgorithm, DqnAlgorithm, SacAlgorithm])
+@pytest.mark.parametrize("cls", [PpoAlgorithm, DqnAlgorithm, SacAlgorithm, BcAlgorithm])
 def test_a_recurrent_encoder_is_refused_until_recurrent_training_exists(cls):
     with gin.unlock_config():
         gin.bind_parameter("EncodingNetwork.rnn", "gru")

@@ -168,7 +168,7 @@ def _default(fn, name):
 
 
 def test_literal_annotations_are_checked_with_a_suggestion():
-    # No alfish parameter is a Literal yet; a configurable that declares one gets the same check.
+    # BcAlgorithm.policy is a Literal; a configurable that declares one gets the same check.
     def fn(mode: typing.Optional[typing.Literal['fast', 'exact']] = 'fast', sizes: tuple[int, ...] = (1,)):
         return mode, sizes
     parameters = value_checks.parameters_of(fn, 'fn')
