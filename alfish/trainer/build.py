@@ -23,6 +23,7 @@ from alfish.algorithms.base import Algorithm
 from alfish.algorithms.build import build_policy
 from alfish.collect.async_collector import AsyncCollector, UnrollSpec
 from alfish.collect.collector import Collector, SyncCollector, check_random_actions_storable
+from alfish.collect.no_collector import NoCollector
 from alfish.config.trainer_config import TrainerConfig
 from alfish.envs.batched_env import create_environment, environment_settings
 from alfish.envs.spec import EnvSpec
@@ -33,7 +34,6 @@ from alfish.learn.host_memory import keep_freed_host_memory
 from alfish.learn.learner import Learner
 from alfish.learn.optim import OptimizerConfig
 from alfish.learn.threads import AUTO, set_threads
-from alfish.collect.no_collector import NoCollector
 from alfish.replay.offline.options import OfflineOptions
 from alfish.replay.offline.steps import Steps
 from alfish.replay.prioritized import PrioritizedSampler
@@ -45,11 +45,18 @@ from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.evaluator import Evaluator
+from alfish.trainer.offline_parts import (
+    build_offline_collector,
+    build_offline_replay,
+    build_offline_training_step,
+    check_offline_combinations,
+    combine_replay,
+    is_pure_offline,
+    load_sources,
+    offline_spec,
+)
 from alfish.trainer.options import RunOptions
 from alfish.trainer.resume import choose_resume_point
-from alfish.trainer.offline_parts import (build_offline_collector, build_offline_replay, build_offline_training_step,
-                                          check_offline_combinations, combine_replay, is_pure_offline, load_sources,
-                                          offline_spec)
 from alfish.trainer.summary import NullSummaries, Summaries
 from alfish.trainer.trainer import Trainer
 from alfish.trainer.training import OnPolicyTraining, SampledReplayTraining, TrainingStep, WholeBufferTraining

@@ -63,7 +63,7 @@ class HybridTraining(TrainingStep):
         return self.online is not None and iteration >= self.rl_after
 
     def rl_due(self, iteration: int) -> bool:
-        """ALF: ``global_counter >= rl_train_after_update_steps and global_counter % rl_train_every_update_steps == 0``."""
+        """ALF's rule: ``counter >= rl_train_after_update_steps and counter % rl_train_every_update_steps == 0``."""
         return self.rl_started(iteration) and iteration % self.rl_every == 0
 
     def steps_before_training(self, counters: Counters) -> int:

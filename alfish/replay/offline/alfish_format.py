@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+
 import numpy as np
 
 from alfish.replay.offline.steps import Steps, check_steps, space_from_json, space_to_json
@@ -99,8 +100,8 @@ def read_dataset(path: str | os.PathLike, mmap: bool = True) -> Steps:
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{meta_path}: unreadable dataset metadata ({err})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{meta_path}: not an alfish dataset (format {meta.get('format') if isinstance(meta, dict) else None!r}, "
-                         f"expected {FORMAT!r})")
+        found = meta.get("format") if isinstance(meta, dict) else None
+        raise ValueError(f"{meta_path}: not an alfish dataset (format {found!r}, expected {FORMAT!r})")
     if int(meta.get("version", 0)) > VERSION:
         raise ValueError(f"{meta_path}: dataset version {meta['version']} is newer than this alfish reads "
                          f"({VERSION}); upgrade alfish")

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import numpy as np
 
-
 from alfish.data.types import StepType
 from alfish.replay.offline.steps import Steps, space_from_json
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
@@ -44,7 +43,7 @@ def load_run_checkpoint(path: str | os.PathLike) -> LoadedCheckpoint:
 
 
 def read_run(path: str | os.PathLike) -> Steps:
-    """The replay buffer saved in the newest checkpoint of ``path`` (or in checkpoint directory ``path``) as ``Steps``."""
+    """The replay buffer saved in the newest checkpoint of ``path`` (or checkpoint directory ``path``) as ``Steps``."""
     ckpt = load_run_checkpoint(path)
     where = ckpt.path
     layout = ckpt.meta.get("replay_layout")

@@ -36,7 +36,8 @@ class OfflineOptions:
 
     def __post_init__(self) -> None:
         if self.mixing not in MIXINGS:
-            raise OneLineValueError(f"OfflineData.mixing={self.mixing!r} must be one of {', '.join(map(repr, MIXINGS))}")
+            choices = ", ".join(map(repr, MIXINGS))
+            raise OneLineValueError(f"OfflineData.mixing={self.mixing!r} must be one of {choices}")
         if isinstance(self.offline_fraction, (int, float)) and not 0.0 <= self.offline_fraction <= 1.0:
             raise OneLineValueError(f"OfflineData.offline_fraction={self.offline_fraction} must lie in [0, 1]")
         if self.mixing == "separate" and self.offline_fraction != 0.5:

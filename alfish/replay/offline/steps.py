@@ -65,7 +65,7 @@ class Steps:
         if length >= len(self):
             return self
         if length < 2:
-            raise ValueError(f"{self.source}: offline_buffer_length={length} keeps no transition; keep at least 2 steps")
+            raise ValueError(f"{self.source}: offline_buffer_length={length} keeps no transition; keep 2 steps or more")
         step_type = np.array(self.step_type[:length])  # (a copy: the source may be a read-only map)
         if step_type[-1] != StepType.LAST:
             step_type[-1] = StepType.LAST
