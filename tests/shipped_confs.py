@@ -3,7 +3,9 @@ where the extra is not installed, as in CI."""
 from __future__ import annotations
 
 import importlib.util
+import pathlib
 
+import numpy as np
 import pytest
 
 # conf -> the modules it needs beyond the test extras, and the install line that brings them
@@ -17,3 +19,21 @@ def skip_unless_installed(conf: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"{conf} needs {', '.join(missing)}: {install}")
+
+
+# conf -> the gin macro naming its offline dataset: tests that run every conf give it a small dataset of their own
+OFFLINE_DATA = {name: "DATASET" for name in ("bc_pendulum.gin", "iql_pendulum.gin", "sac_pendulum_hybrid.gin")}
+
+
+def data_params(conf: str, folder: pathlib.Path) -> list[str]:
+    """The bindings that point ``conf``'s offline dataset at a small one made in ``folder`` (none for online confs):
+    two episodes of random actions in Pendulum-v1, as D4RL arrays."""
+    if conf not in OFFLINE_DATA:
+        return []
+    from tests.offline.datasets import rollouts
+
+    path = folder / "pendulum_random.npz"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        np.savez(path, **rollouts("Pendulum-v1", lambda obs, rng: rng.uniform(-2, 2, 1).astype(np.float32), 2))
+    return [f"{OFFLINE_DATA[conf]} = '{path}'"]

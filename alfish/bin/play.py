@@ -217,8 +217,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # The first frame is rendered before any step, so a missing render dependency fails before any episode.
         frames: list = [env.render()[0]] if args.record_file else []
         returns = play_episodes(args, env, transformer, algorithm, time_step, frames)
-    except (PlayError, CheckpointError, ConfError, ValueError, TypeError, KeyError, gym.error.Error) as err:
-        # ValueError includes an env that breaks its contract (EnvContractError) during an episode.
+    except (PlayError, CheckpointError, ConfError, ValueError, TypeError, KeyError, ImportError,
+            gym.error.Error) as err:
+        # ValueError includes an env that breaks its contract (EnvContractError) during an episode; ImportError a
+        # trusted (--allow_import) env module that is not installed.
         print(f"error: {_one_line(err)}", file=sys.stderr)
         return 2
     finally:

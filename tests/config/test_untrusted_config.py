@@ -13,7 +13,7 @@ from gin.selector_map import SelectorMap
 from alfish.config import ConfError, TrainerConfig, load_conf, load_config_text
 from alfish.config.untrusted import MAX_STORED_CONFIG_BYTES, check_env_names
 from alfish.trainer.build import build_trainer
-from tests.shipped_confs import skip_unless_installed
+from tests.shipped_confs import data_params, skip_unless_installed
 
 CONFS = pathlib.Path(__file__).resolve().parents[2] / 'confs'
 STORED = 'runs/a/meta.json[operative_config]'
@@ -274,6 +274,7 @@ def test_operative_config_of_every_shipped_conf_round_trips(tmp_path, conf):
     skip_unless_installed(conf)
     # Async unroll would start a child process; the operative config is the same but for that flag.
     params = ['TrainerConfig.async_unroll = False'] if 'realtime' in conf else []
+    params += data_params(conf, tmp_path / 'data')
     text = operative_config_of(CONFS / conf, params, tmp_path / 'a')
     load_config_text(text, STORED)
     trainer = build_trainer(TrainerConfig(root_dir=str(tmp_path / 'b')))  # as play builds from it

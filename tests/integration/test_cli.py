@@ -14,7 +14,7 @@ import imageio.v2 as imageio
 import pytest
 
 from alfish.trainer.checkpoint import Checkpointer
-from tests.shipped_confs import skip_unless_installed
+from tests.shipped_confs import data_params, skip_unless_installed
 
 from .inprocess import CONFS, REPO, eval_log
 
@@ -48,6 +48,9 @@ SHRINK = {
                           "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
     "ddpg_pendulum.gin": (["TrainerConfig.num_env_steps=150", "TrainerConfig.initial_collect_steps=100",
                            "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
+    # as sac_pendulum.gin, with a small dataset mixed into every batch (RLPD)
+    "sac_pendulum_hybrid.gin": (["TrainerConfig.num_env_steps=150", "TrainerConfig.initial_collect_steps=100",
+                                 "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
     # as sac_pendulum.gin, with async unroll (the child is restarted on resume) and a 5 ms env-step latency
     "sac_pendulum_realtime.gin": (["TrainerConfig.num_env_steps=150", "TrainerConfig.initial_collect_steps=100",
                                    "TrainerConfig.eval_interval=25"] + EVAL_SMALL, 200),
@@ -67,7 +70,11 @@ SHRINK = {
     "ppo_breakout.gin": (["TrainerConfig.num_env_steps=136", "TrainerConfig.unroll_length=8",
                           "TrainerConfig.replay_buffer_length=9", "TrainerConfig.eval_interval=1"] + ATARI_SMALL, 264),
 }
-EPISODE_LIMIT = {"sac_pendulum.gin": 200, "ppo_cartpole.gin": 500, "a2c_cartpole.gin": 500,
+# Pure offline confs (no env steps): iterations of the first run, then of the resumed one.
+OFFLINE_SHRINK = {"bc_pendulum.gin": (["NUM_ITERATIONS=20", "TrainerConfig.eval_interval=10"] + EVAL_SMALL, 40),
+                  "iql_pendulum.gin": (["NUM_ITERATIONS=20", "TrainerConfig.eval_interval=10"] + EVAL_SMALL, 40)}
+EPISODE_LIMIT = {"sac_pendulum.gin": 200, "sac_pendulum_hybrid.gin": 200, "ppo_cartpole.gin": 500,
+                 "a2c_cartpole.gin": 500,
                  "ppo_cartpole_normalized.gin": 500, "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
                  "ddpg_pendulum.gin": 200, "dqn_her_bitflip.gin": 10,
                  "sac_pendulum_realtime.gin": 200, "dqn_pong.gin": 50, "dqn_breakout.gin": 50, "ppo_pong.gin": 50,
@@ -75,7 +82,7 @@ EPISODE_LIMIT = {"sac_pendulum.gin": 200, "ppo_cartpole.gin": 500, "a2c_cartpole
 
 
 def test_every_shipped_conf_is_exercised_here():
-    assert set(SHRINK) == {p.name for p in CONFS.glob("*.gin")}
+    assert set(SHRINK) | set(OFFLINE_SHRINK) == {p.name for p in CONFS.glob("*.gin")}
 
 
 def child_env():
@@ -113,6 +120,7 @@ def check_ok(proc):
 def test_conf_trains_checkpoints_resumes_and_plays(tmp_path, conf):
     skip_unless_installed(conf)
     first_params, second_budget = SHRINK[conf]
+    first_params = first_params + data_params(conf, tmp_path / "data")
     root = tmp_path / "root"
 
     # --- a short run ---------------------------------------------------------------------------------------------
@@ -151,7 +159,7 @@ def test_conf_trains_checkpoints_resumes_and_plays(tmp_path, conf):
     assert len(episodes) == 1, proc.stdout
     length = int(episodes[0][1])
     assert 1 <= length <= EPISODE_LIMIT[conf]
-    if conf in ("sac_pendulum.gin", "sac_pendulum_realtime.gin"):
+    if conf in ("sac_pendulum.gin", "sac_pendulum_realtime.gin", "sac_pendulum_hybrid.gin"):
         assert length == 200  # Pendulum only ends by its time limit
     assert f"ckpt-{final}" in proc.stdout
     assert gif.is_file() and gif.stat().st_size > 0
@@ -163,6 +171,29 @@ def test_conf_trains_checkpoints_resumes_and_plays(tmp_path, conf):
     frames = imageio.mimread(gif)
     assert (1 if conf == "dqn_breakout.gin" or conf == "ppo_breakout.gin" else 2) <= len(frames) <= length + 1
     assert frames[0].ndim == 3 and frames[0].shape[2] in (3, 4)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("conf", sorted(OFFLINE_SHRINK))
+def test_offline_conf_trains_without_env_steps_resumes_and_plays(tmp_path, conf):
+    first_params, second_iterations = OFFLINE_SHRINK[conf]
+    data = data_params(conf, tmp_path / "data")
+    root = tmp_path / "root"
+    check_ok(train(CONFS / conf, root, first_params + data))
+    first_last = checkpoint_steps(root)[-1]
+    first_evals = eval_log(root)
+    assert first_evals[-1]["iteration"] == first_last == 20 and first_evals[-1]["env_steps"] == 0
+    proc = train(CONFS / conf, root, first_params[1:] + data + [f"NUM_ITERATIONS={second_iterations}"])
+    check_ok(proc)
+    assert f"resumed from {os.path.join(root, 'checkpoints', f'ckpt-{first_last}')}: iteration {first_last}," \
+        in proc.stderr, proc.stderr[-3000:]
+    assert eval_log(root)[-1]["iteration"] == second_iterations
+    assert "training finished: 40 iterations, 0 env steps" in proc.stderr
+    gif = tmp_path / "out.gif"
+    proc = run(["alfish.bin.play", "--root_dir", str(root), "--num_episodes", "1", "--record_file", str(gif)])
+    check_ok(proc)
+    assert re.search(r"^episode 1: return -?\d+(\.\d+)? length 200$", proc.stdout, re.MULTILINE), proc.stdout
+    assert gif.is_file() and gif.stat().st_size > 0
 
 
 @pytest.mark.timeout(30)

@@ -171,3 +171,27 @@ def test_a_compressed_npz_is_loaded_into_memory(tmp_path):
         assert archive.infolist()[0].compress_type == zipfile.ZIP_DEFLATED
     steps = load_offline_data(str(tmp_path / "c.npz"))
     assert not isinstance(steps.observation, np.memmap) and steps.reward.tolist() == [0, 1, 2, 3, 0, 4, 5]
+
+
+def test_a_cut_right_after_a_first_step_keeps_whole_transitions():
+    data = steps_from_two_episodes()
+    assert data.step_type.tolist() == [F, M, M, L, F, M, L]
+    cut = data.head(5)  # would end on the second episode's FIRST step
+    assert cut.step_type.tolist() == [F, M, M, L] and cut.num_episodes == 1
+    assert data.head(6).step_type.tolist() == [F, M, M, L, F, L]
+
+
+def steps_from_two_episodes():
+    from alfish.replay.offline.d4rl import d4rl_to_steps
+
+    return d4rl_to_steps(two_episodes())
+
+
+def test_a_run_whose_newest_step_is_an_autoreset_first_step_still_loads(tmp_path):
+    # 1 env, 10-step episodes: 45 env steps end on the FIRST step of the 5th episode
+    conf = SMALL_RUN.replace("num_parallel_environments = 2", "num_parallel_environments = 1").replace(
+        "num_env_steps = 76", "num_env_steps = 45").replace("replay_buffer_length = 30", "replay_buffer_length = 100")
+    root = run_trainer_from_text(tmp_path, conf)
+    steps = read_run(root)
+    assert steps.step_type[-1] == L and steps.step_type[-2] != L
+    assert len(steps) == 44 and steps.num_episodes == 4

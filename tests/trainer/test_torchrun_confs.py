@@ -12,7 +12,7 @@ import pytest
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from alfish.bin import train
-from tests.shipped_confs import skip_unless_installed
+from tests.shipped_confs import data_params, skip_unless_installed
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFS = sorted(p.name for p in (REPO / "confs").glob("*.gin"))
@@ -33,7 +33,7 @@ def run(cmd: list[str], timeout: float = 150) -> subprocess.CompletedProcess:
 
 
 def check_trains_on_two_ranks(conf: str, root: pathlib.Path) -> None:
-    proc = run(train_command(conf, root))
+    proc = run(train_command(conf, root, *data_params(conf, root.parent / "data")))
     assert proc.returncode == 0, f"{conf}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
     for rank in (0, 1):
         assert f"[rank {rank}] INFO training finished: {ITERATIONS} iterations" in proc.stderr, proc.stderr[-3000:]

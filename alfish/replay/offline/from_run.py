@@ -76,6 +76,8 @@ def read_run(path: str | os.PathLike) -> Steps:
         if len(firsts) == 0:
             continue  # no episode starts inside what is left of this ring
         slots, st = slots[firsts[0]:], st[firsts[0]:].copy()
+        if st[-1] == StepType.FIRST:  # the newest step began an episode (an autoreset): it has no transition yet
+            slots, st = slots[:-1], st[:-1]
         if len(slots) < 2:
             continue
         st[-1] = StepType.LAST  # a running episode ends as a truncation (its discount is kept)

@@ -223,7 +223,7 @@ def write_minari(steps: Steps, out_dir: str | os.PathLike, dataset_id: str = "al
     from minari.data_collector import EpisodeBuffer
     from minari.dataset.minari_dataset import parse_dataset_id
 
-    out_dir = Path(out_dir)
+    out_dir = Path(out_dir).absolute()  # (minari joins a relative data path twice)
     src = steps.source
     if steps.observation_space is None or steps.action_space is None:
         raise ValueError(f"{src}: writing a Minari dataset needs the data's spaces; pass observation_space and "

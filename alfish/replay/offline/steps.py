@@ -61,9 +61,12 @@ class Steps:
 
     def head(self, length: int) -> "Steps":
         """The first ``length`` steps (views of the arrays); if that cuts an episode, its newest kept step becomes LAST
-        (a truncation: discount kept, so it is bootstrapped), and the count of episodes is recounted."""
+        (a truncation: discount kept, so it is bootstrapped), and the count of episodes is recounted. A cut right after
+        an episode's FIRST step keeps one step less (that episode would hold no transition)."""
         if length >= len(self):
             return self
+        if self.step_type[length - 1] == StepType.FIRST:
+            length -= 1  # (a lone FIRST step: its episode has no transition in what is kept)
         if length < 2:
             raise ValueError(f"{self.source}: offline_buffer_length={length} keeps no transition; keep 2 steps or more")
         step_type = np.array(self.step_type[:length])  # (a copy: the source may be a read-only map)
