@@ -126,3 +126,32 @@ def test_offline_settings_that_do_not_fit_are_one_line_errors(tmp_path, expert_n
         build(tmp_path, SAC, [f"TrainerConfig.offline_buffer_dir='{expert_npz}'", "TrainerConfig.num_iterations=3",
                               *params]).close()
     assert "\n" not in str(err.value)
+
+
+def test_prioritized_offline_and_online_buffers_checkpoint_their_priorities_and_a_run_buffer_is_offline_data(
+        tmp_path, expert_npz):
+    from alfish.replay.offline.from_run import read_run
+
+    params = [f"TrainerConfig.offline_buffer_dir='{expert_npz}'", "TrainerConfig.num_iterations=6",
+              "TrainerConfig.rl_train_after_update_steps=2", "TrainerConfig.priority_replay=True",
+              "TrainerConfig.initial_collect_steps=4", "TrainerConfig.num_checkpoints=1"]
+    trainer = build(tmp_path, SAC, params)
+    assert trainer.run() == 0
+    state = trainer.replay.state_dict()
+    assert set(state) == {"online", "offline", "drawn"} and state["offline"]["sampler"]  # priorities saved
+    steps = read_run(tmp_path / "run")  # the hybrid run's own online steps, as data
+    assert len(steps) == int(trainer.replay.online.num_stored().sum())
+    offline_only = build(tmp_path, SAC, [f"TrainerConfig.offline_buffer_dir='{expert_npz}'",
+                                         "TrainerConfig.num_iterations=2", "TrainerConfig.rl_train_after_update_steps=2",
+                                         "TrainerConfig.num_checkpoints=1"], name="offline")
+    assert offline_only.run() == 0
+    with pytest.raises(ValueError, match="trained purely offline and saved no replay data"):
+        read_run(tmp_path / "offline")
+
+
+def test_hybrid_rlpd_with_async_unroll(tmp_path, expert_npz):
+    trainer = build(tmp_path, SAC, [f"TrainerConfig.offline_buffer_dir='{expert_npz}'", "OfflineData.mixing='mixed'",
+                                    "TrainerConfig.async_unroll=True", "TrainerConfig.num_iterations=5",
+                                    "TrainerConfig.initial_collect_steps=4"])
+    assert trainer.run() == 0
+    assert trainer.replay.drawn.tolist() == [5 * 8, 5 * 8] and trainer.counters.env_steps >= 5 + 4

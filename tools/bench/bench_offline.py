@@ -47,20 +47,22 @@ def tb_iteration_rates(root: str) -> list[float]:
     return [e.value for e in acc.Scalars("time/iterations_per_s")]
 
 
-def alfish_side(algo: str, args, work: str, threads: str) -> dict:
+def alfish_side(algo: str, args, work: str, threads: str, seed: int) -> dict:
     root = os.path.join(work, f"alfish-{algo}-{threads}")
     steps = args.gradient_steps
     cmd = [sys.executable, "-m", "alfish.bin.train", "--conf", CONFS[algo], "--root_dir", root,
            "--conf_param", f"DATASET='{args.dataset}'", "--conf_param", f"NUM_ITERATIONS={steps}",
-           "--conf_param", "TrainerConfig.evaluate=False",
-           "--conf_param", "TrainerConfig.num_checkpoints=1", "--conf_param", f"Trainer.num_threads={threads}"]
+           "--conf_param", "TrainerConfig.evaluate=False", "--conf_param", f"TrainerConfig.random_seed={seed}",
+           "--conf_param", "TrainerConfig.num_checkpoints=1",
+           "--conf_param", f"Trainer.num_threads={threads if threads != 'auto' else repr(threads)}"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"alfish {algo} failed:\n{proc.stderr[-2000:]}")
     used = re.search(r"Trainer.num_threads=\S+: (\d+) torch thread", proc.stderr)
     windows = tb_iteration_rates(root)[1:]  # (the first window holds the start-up)
     play = subprocess.run([sys.executable, "-m", "alfish.bin.play", "--root_dir", root, "--num_episodes",
-                           str(args.eval_episodes), "--seed", "1000"], cwd=REPO, capture_output=True, text=True)
+                           str(args.eval_episodes), "--seed", str(1000 + seed)],
+                          cwd=REPO, capture_output=True, text=True)
     if play.returncode != 0:
         raise RuntimeError(f"alfish play {algo} failed:\n{play.stderr[-2000:]}")
     average = float(re.search(r"average return over \d+ episodes: (-?[\d.]+)", play.stdout).group(1))
@@ -70,11 +72,11 @@ def alfish_side(algo: str, args, work: str, threads: str) -> dict:
             "normalized_return": normalized(average)}
 
 
-def d3rlpy_side(algo: str, args, work: str, threads: int) -> dict:
+def d3rlpy_side(algo: str, args, work: str, threads: int, seed: int) -> dict:
     out = os.path.join(work, f"d3rlpy-{algo}-{threads}.json")
     cmd = [args.d3rlpy_python, os.path.join(HERE, "d3rlpy_side.py"), "--dataset", args.dataset, "--algo", algo,
            "--gradient_steps", str(args.gradient_steps), "--env", "Pendulum-v1", "--eval_episodes",
-           str(args.eval_episodes), "--seed", "0", "--out", out, "--threads", str(threads)]
+           str(args.eval_episodes), "--seed", str(seed), "--out", out, "--threads", str(threads)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"d3rlpy {algo} failed:\n{proc.stderr[-2000:]}")
@@ -90,7 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gradient_steps", type=int, default=10000)
     parser.add_argument("--algos", nargs="+", default=["iql", "bc"], choices=sorted(CONFS))
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=1, help="runs per algorithm, with seeds 0, 1, ...")
     parser.add_argument("--eval_episodes", type=int, default=10)
     parser.add_argument("--dataset", default=os.path.join(REPO, "runs/datasets/pendulum_medium.npz"))
     parser.add_argument("--d3rlpy_python", default="/work/d3rlpy-venv/bin/python")
@@ -108,8 +110,8 @@ def main() -> None:
         for repeat in range(args.repeats):
             for algo in args.algos:
                 for alfish_threads, d3_threads in settings:
-                    a = alfish_side(algo, args, os.path.join(work, str(repeat)), alfish_threads)
-                    d = d3rlpy_side(algo, args, os.path.join(work, str(repeat)), d3_threads)
+                    a = alfish_side(algo, args, os.path.join(work, str(repeat)), alfish_threads, repeat)
+                    d = d3rlpy_side(algo, args, os.path.join(work, str(repeat)), d3_threads, repeat)
                     rows.append((algo, alfish_threads, a, d))
                     print(f"{algo} (threads alfish {a['threads']}, d3rlpy {d['threads']}): "
                           f"alfish {a['grad_steps_per_s']:.0f} steps/s, return {a['eval_return_mean']:.1f} "
@@ -124,11 +126,19 @@ def main() -> None:
             print(f"  {algo} threads={alfish_threads}: alfish "
                   f"{statistics.median(a['grad_steps_per_s'] for a, _ in sel):.0f} vs d3rlpy "
                   f"{statistics.median(d['grad_steps_per_s'] for _, d in sel):.0f} steps/s (ratio {ratio:.2f}); "
-                  f"normalized return alfish {statistics.median(a['normalized_return'] for a, _ in sel):.1f} vs "
-                  f"d3rlpy {statistics.median(d['normalized_return'] for _, d in sel):.1f}")
+                  f"normalized return alfish {_spread([a['normalized_return'] for a, _ in sel])} vs "
+                  f"d3rlpy {_spread([d['normalized_return'] for _, d in sel])}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump([{"algo": al, "threads": t, "alfish": a, "d3rlpy": d} for al, t, a, d in rows], f, indent=1)
+
+
+def _spread(values: list[float]) -> str:
+    """'median (mean +- std over N)'."""
+    if len(values) == 1:
+        return f"{values[0]:.1f}"
+    return (f"{statistics.median(values):.1f} (mean {statistics.mean(values):.1f} +- {statistics.stdev(values):.1f} "
+            f"over {len(values)} seeds)")
 
 
 if __name__ == "__main__":

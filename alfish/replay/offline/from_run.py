@@ -54,6 +54,9 @@ def read_run(path: str | os.PathLike) -> Steps:
     if not isinstance(layout, dict) or not isinstance(layout.get("fields"), list):
         raise ValueError(f"{where}: the checkpoint does not record its replay layout (written by an older alfish); "
                          "resume it once with this version to write a new checkpoint, then load that")
+    if "storage" not in replay and "online" not in replay:
+        raise ValueError(f"{where}: the run trained purely offline and saved no replay data of its own; load the "
+                         "offline data it trained on (its TrainerConfig.offline_buffer_dir) instead")
     storage = replay["storage"] if "storage" in replay else replay["online"]["storage"]
     names = [str(n) for n in layout["fields"]]
     leaves = storage["leaves"]
