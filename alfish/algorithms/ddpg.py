@@ -32,7 +32,7 @@ from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
-from alfish.networks.mlp import parameter_list
+from alfish.networks.mlp import polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
 
 
@@ -175,9 +175,8 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         actor and critics towards the online ones."""
         if self._count_update() % (self.policy_delay * self.target_update_period) == 0:
             tau = self.tau()
-            with torch.no_grad():
-                for target, online in ((self.target_actor, self.actor), (self.target_critics, self.critics)):
-                    torch._foreach_lerp_(parameter_list(target), parameter_list(online), tau)
+            polyak_update(self.target_actor, self.actor, tau)
+            polyak_update(self.target_critics, self.critics, tau)
 
 
 @gin.configurable

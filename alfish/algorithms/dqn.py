@@ -21,7 +21,7 @@ from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
-from alfish.networks.mlp import parameter_list
+from alfish.networks.mlp import polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
 
 
@@ -203,5 +203,4 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         """Counts the optimizer step; on every ``target_update_period``-th, Polyak-averages the target network
         towards the Q-network. The period is decided on the Python mirror of the count: no host sync."""
         if self._count_update() % self.target_update_period == 0:
-            with torch.no_grad():
-                torch._foreach_lerp_(parameter_list(self.target_q_net), parameter_list(self.q_net), self.tau())
+            polyak_update(self.target_q_net, self.q_net, self.tau())

@@ -30,7 +30,7 @@ from torch import nn
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.distributions import gaussian_log_prob
-from alfish.networks.mlp import parameter_list
+from alfish.networks.mlp import polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
 
 LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0  # d3rlpy's IQL policy (create_normal_policy(min_logstd=-5, max_logstd=2))
@@ -187,6 +187,4 @@ class IqlAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         """Counts the optimizer step; on every ``target_update_period``-th, Polyak-averages the target critics
         towards the critics. The period is decided on the Python mirror of the count: no host sync."""
         if self._count_update() % self.target_update_period == 0:
-            with torch.no_grad():
-                torch._foreach_lerp_(parameter_list(self.target_critics), parameter_list(self.critics),
-                                     self.tau())
+            polyak_update(self.target_critics, self.critics, self.tau())

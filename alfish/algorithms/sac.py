@@ -18,7 +18,7 @@ from torch import nn
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.distributions import tanh_gaussian_sample
-from alfish.networks.mlp import parameter_list
+from alfish.networks.mlp import polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementation
@@ -153,6 +153,4 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         """Counts the optimizer step; on every ``target_update_period``-th, Polyak-averages the target critics
         towards the critics. The period is decided on the Python mirror of the count: no host sync."""
         if self._count_update() % self.target_update_period == 0:
-            with torch.no_grad():
-                torch._foreach_lerp_(parameter_list(self.target_critics), parameter_list(self.critics),
-                                     self.tau())
+            polyak_update(self.target_critics, self.critics, self.tau())

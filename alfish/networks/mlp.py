@@ -165,3 +165,10 @@ def parameter_list(module: nn.Module) -> list[nn.Parameter]:
     if isinstance(module, (MLP, EnsembleMLP)):
         return module.parameter_list()
     return list(module.parameters())
+
+
+def polyak_update(target: nn.Module, source: nn.Module, tau: float) -> None:
+    """``target <- target + tau * (source - target)`` for every parameter, in one fused op, without autograd (target
+    networks; ``tau = 1`` copies)."""
+    with torch.no_grad():
+        torch._foreach_lerp_(parameter_list(target), parameter_list(source), tau)

@@ -142,7 +142,8 @@ def test_prioritized_offline_and_online_buffers_checkpoint_their_priorities_and_
     steps = read_run(tmp_path / "run")  # the hybrid run's own online steps, as data
     assert len(steps) == int(trainer.replay.online.num_stored().sum())
     offline_only = build(tmp_path, SAC, [f"TrainerConfig.offline_buffer_dir='{expert_npz}'",
-                                         "TrainerConfig.num_iterations=2", "TrainerConfig.rl_train_after_update_steps=2",
+                                         "TrainerConfig.num_iterations=2",
+                                         "TrainerConfig.rl_train_after_update_steps=2",
                                          "TrainerConfig.num_checkpoints=1"], name="offline")
     assert offline_only.run() == 0
     with pytest.raises(ValueError, match="trained purely offline and saved no replay data"):

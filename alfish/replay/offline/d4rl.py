@@ -22,7 +22,7 @@ from typing import Callable, Mapping, Optional
 import numpy as np
 
 from alfish.data.types import StepType
-from alfish.replay.offline.steps import Steps
+from alfish.replay.offline.steps import Steps, check_fields
 
 REQUIRED = ("observations", "actions", "rewards", "terminals")
 
@@ -32,14 +32,7 @@ def _check(arrays: Mapping[str, np.ndarray], source: str) -> int:
     if missing:
         raise ValueError(f"{source}: missing field(s) {missing}; a D4RL-style dataset needs {list(REQUIRED)} "
                          "(and 'timeouts', 'next_observations' where it has them)")
-    n = len(arrays["observations"])
-    for key, value in arrays.items():
-        if value.dtype == object:
-            raise ValueError(f"{source}: field '{key}' has dtype object; store plain numeric arrays (objects would "
-                             "need pickle, which alfish never loads)")
-        if len(value) != n:
-            raise ValueError(f"{source}: field '{key}' has {len(value)} rows but 'observations' has {n}; the file is "
-                             "truncated or its fields do not belong together")
+    n = check_fields(dict(arrays), "observations", source)
     if n == 0:
         raise ValueError(f"{source}: the dataset has no rows")
     return n

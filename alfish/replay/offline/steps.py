@@ -80,18 +80,26 @@ class Steps:
                                    num_episodes=int(np.count_nonzero(step_type == StepType.LAST)))
 
 
+def check_fields(arrays: dict, reference: str, source: str) -> int:
+    """Every array of ``arrays`` numeric (no object dtype: that would need pickle, which alfish never loads) and as
+    long as ``arrays[reference]``; returns that length. One-line ValueErrors naming ``source`` and the field."""
+    n = len(arrays[reference])
+    for name, value in arrays.items():
+        if value.dtype == object:
+            raise ValueError(f"{source}: field '{name}' has dtype object; store plain numeric arrays (objects would "
+                             "need pickle, which alfish never loads)")
+        if len(value) != n:
+            raise ValueError(f"{source}: field '{name}' has {len(value)} rows but '{reference}' has {n}; the data is "
+                             "truncated or its fields do not belong together")
+    return n
+
+
 def check_steps(steps: Steps) -> None:
     """Raise a one-line ValueError unless ``steps`` follow the convention of the module docstring."""
     src, n = steps.source, len(steps)
     if n < 2:
         raise ValueError(f"{src}: {n} step(s) hold no transition; a dataset needs at least one whole episode")
-    for name, value in steps.arrays().items():
-        if value.dtype == object:
-            raise ValueError(f"{src}: field '{name}' has dtype object; store plain numeric arrays (objects would "
-                             "need pickle, which alfish never loads)")
-        if len(value) != n:
-            raise ValueError(f"{src}: field '{name}' has {len(value)} rows but 'step_type' has {n}; the data is "
-                             "truncated or its fields do not belong together")
+    check_fields(steps.arrays(), "step_type", src)
     st = steps.step_type
     if st[0] != StepType.FIRST or st[-1] != StepType.LAST:
         raise ValueError(f"{src}: the data must start with a FIRST step and end with a LAST step (whole episodes), "
