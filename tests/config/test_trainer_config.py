@@ -107,8 +107,10 @@ def test_not_built_yet_parameter_raises_when_set(name):
 
 def test_not_built_yet_lists_the_unbuilt_features():
     assert set(NOT_BUILT_YET) <= set(ALF_DEFAULTS)
-    assert {'offline_buffer_dir', 'profiling'} <= set(NOT_BUILT_YET)
-    built = {'priority_replay', 'priority_replay_alpha', 'priority_replay_beta', 'async_unroll', 'max_unroll_length',
+    assert 'profiling' in NOT_BUILT_YET
+    built = {'offline_buffer_dir', 'offline_buffer_length', 'rl_train_after_update_steps',
+             'rl_train_every_update_steps', 'priority_replay', 'priority_replay_alpha', 'priority_replay_beta',
+             'async_unroll', 'max_unroll_length',
              'unroll_queue_size', 'unroll_step_interval', 'unroll_parameter_update_period', 'enable_amp',
              'ddp_paras_check_interval', 'empty_cache'}
     assert not built & set(NOT_BUILT_YET)
@@ -322,3 +324,30 @@ def test_checkpoint_iterations(num_iterations, num_checkpoints, expected):
 def test_checkpoint_iterations_with_env_steps():
     config = make(num_iterations=0, num_env_steps=100, unroll_length=8, num_checkpoints=2)
     assert config.checkpoint_iterations(num_envs=1) == [6, 13]  # ceil(100 / 8) = 13 iterations
+
+
+@pytest.mark.parametrize('overrides, message', [
+    (dict(offline_buffer_length=100),
+     "TrainerConfig.offline_buffer_length=100 limits the offline data, but TrainerConfig.offline_buffer_dir is not "
+     "set; set it or remove offline_buffer_length"),
+    (dict(rl_train_every_update_steps=2),
+     "TrainerConfig.rl_train_after_update_steps / rl_train_every_update_steps schedule the RL part of hybrid "
+     "training, but TrainerConfig.offline_buffer_dir is not set; set it or remove them"),
+    (dict(offline_buffer_dir='/data/x.npz'),
+     "TrainerConfig.offline_buffer_dir trains from sampled mini-batches: set "
+     "TrainerConfig.whole_replay_buffer_training=False (with mini_batch_size and mini_batch_length)"),
+    (dict(offline_buffer_dir=[], whole_replay_buffer_training=False, mini_batch_size=4, mini_batch_length=2),
+     "TrainerConfig.offline_buffer_dir=[] names no source; give one or more paths, or None"),
+    (dict(offline_buffer_dir='/x', offline_buffer_length=1, whole_replay_buffer_training=False, mini_batch_size=4,
+          mini_batch_length=2),
+     "TrainerConfig.offline_buffer_length = 1: expected an int >= 2 or None (steps loaded from each offline "
+     "source)"),
+])
+def test_offline_parameters_that_cannot_work_are_one_line_errors(overrides, message):
+    assert error_of(**overrides).startswith(message)
+
+
+def test_offline_buffer_dir_takes_one_source_or_a_list():
+    base = dict(whole_replay_buffer_training=False, mini_batch_size=4, mini_batch_length=2)
+    assert make(offline_buffer_dir='/a', **base).offline_buffer_dir == '/a'
+    assert make(offline_buffer_dir=['/a', 'd4rl:/b.npz'], **base).offline_buffer_dir == ['/a', 'd4rl:/b.npz']
