@@ -28,10 +28,7 @@ NumberOrSchedule = Union[float, Callable[[], float]]
 # Parameters whose feature is not built yet -> what is missing. Setting one to a non-default value raises.
 NOT_BUILT_YET: dict[str, str] = {
     "use_rollout_state": "recurrent (stateful) policies are not built yet",
-    "no_thread_env_for_conf": "alfish never creates a separate env to show the config",
     "eval_uncertainty": "uncertainty evaluation is not built yet",
-    "profiling": "the profiler integration is not built yet",
-    "code_snapshots": "code snapshots into root_dir are not built yet",
     "summarize_gradient_noise_scale": "the gradient-noise-scale summary is not built yet",
     "summarize_action_distributions": "action distribution summaries are not built yet",
     "summarize_output": "network output summaries are not built yet",
@@ -89,7 +86,8 @@ class TrainerConfig:
         confirm_checkpoint_upon_crash: after a crash a checkpoint is written either way; True first asks "Write a
             checkpoint before exiting? [Y/n]" when stdin is an interactive terminal (60 s, default yes), never in a
             batch job or pipe; False writes it without asking. A NaN/inf loss never writes one.
-        no_thread_env_for_conf: ALF-only: do not create an extra env to show the config (not built yet).
+        no_thread_env_for_conf: ALF's switch for the extra env ALF builds to show the config; accepted for ALF confs
+            and has no effect in alfish, which never builds that env.
         evaluate: evaluate the greedy policy periodically in separate eval envs.
         num_evals: number of evaluations over the run; when set it overrides eval_interval.
         eval_interval: iterations between two evaluations.
@@ -109,10 +107,12 @@ class TrainerConfig:
         summary_max_queue: summaries queued in memory before a flush is forced.
         metric_min_buffer_size: episodes kept in the buffer that averages episodic metrics (return, length).
         debug_summaries: write extra summaries useful to debug the algorithm (costs host syncs).
-        profiling: profile the training loop (not built yet).
+        profiling: ``torch.profiler`` over a window of iterations (``Profiler.skip_iterations``,
+            ``Profiler.active_iterations``): Chrome trace and top-ops table in ``root_dir/profile``.
         enable_amp: mixed-precision training: the loss under torch.autocast (bf16 on CPU; fp16 with a gradient
             scaler on CUDA; AmpPolicy.dtype chooses).
-        code_snapshots: source files to copy into root_dir (not built yet).
+        code_snapshots: source files recorded as TensorBoard text (``code/<path>``) at start (ALF's meaning); a path
+            as given, else relative to the alfish package. (The run record, ``Trainer.run_record``, is separate.)
         summarize_grads_and_vars: write norms/histograms of parameters and their gradients.
         summarize_gradient_noise_scale: write the gradient noise scale (not built yet).
         summarize_action_distributions: write action distribution summaries (not built yet).

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Optional
 
 import gin
@@ -44,6 +45,7 @@ from alfish.schedulers import as_scheduler
 from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
+from alfish.trainer.disk import DiskWriteError, write_failure
 from alfish.trainer.evaluator import Evaluator
 from alfish.trainer.offline_parts import (
     build_offline_collector,
@@ -56,7 +58,9 @@ from alfish.trainer.offline_parts import (
     offline_spec,
 )
 from alfish.trainer.options import RunOptions
+from alfish.trainer.profiler import IterationProfiler, NullProfiler
 from alfish.trainer.resume import choose_resume_point
+from alfish.trainer.run_record import resolve_snapshots, snapshot_texts, write_run_record
 from alfish.trainer.summary import NullSummaries, Summaries
 from alfish.trainer.trainer import Trainer
 from alfish.trainer.training import OnPolicyTraining, SampledReplayTraining, TrainingStep, WholeBufferTraining
@@ -68,6 +72,7 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
     ``fresh``: start over, moving the root_dir's previous checkpoints aside (``train --fresh``)."""
     options = options or RunOptions()
     check_combinations(config, options, _declared_on_policy(config))
+    resolve_snapshots(config.code_snapshots)  # a missing file fails before anything starts
     keep_freed_host_memory(options.host_memory_cache_mb)
     if options.num_threads != AUTO:  # ('auto' needs the networks: set once they are built)
         set_threads(options.num_threads, torch.nn.Module(), 0)
@@ -132,10 +137,25 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
         summaries = Summaries(config.root_dir, plan.summary_interval, config.summarize_first_interval,
                               config.summaries_flush_secs, config.summary_max_queue)
     evaluator = build_evaluator(config, seed, transformer) if config.evaluate and dist.is_main else None
+    profiler = NullProfiler()
+    if dist.is_main:
+        profiler = record_code(config, options, summaries)
     return Trainer(config=config, options=options, dist=dist, plan=plan, counters=counters, collector=collector,
                    replay=replay, learner=learner, training=training, algorithm=algorithm, transformer=transformer,
                    evaluator=evaluator, summaries=summaries, checkpointer=checkpointer, seed=seed,
-                   rank_seed=rank_seed, resume_from=resume_from)
+                   rank_seed=rank_seed, resume_from=resume_from, profiler=profiler)
+
+
+def record_code(config: TrainerConfig, options: RunOptions, summaries: Summaries) -> NullProfiler:
+    """Rank 0 at start: the code snapshots (TensorBoard text), the run record, and the profiler of the run."""
+    for tag, text in snapshot_texts(resolve_snapshots(config.code_snapshots)).items():
+        summaries.writer.add_text(tag, text, 0)
+    if options.run_record:
+        try:
+            write_run_record(config.root_dir, config.conf_file, sys.argv)
+        except OSError as err:  # a full disk or a read-only root_dir: one line, as every other write
+            raise DiskWriteError(write_failure("the run record in", config.root_dir, err)) from err
+    return IterationProfiler(config.root_dir) if config.profiling else NullProfiler()
 
 
 def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Optional[bool],

@@ -25,6 +25,9 @@ class RunOptions:
     host_memory_cache_mb: MB of freed host memory the process keeps for reuse instead of returning it to the OS
     (glibc's mmap/trim thresholds; ``alfish/learn/host_memory.py``): fresh update buffers then cost no page faults
     (SAC's update ~7% faster here); 0 leaves malloc's defaults.
+    run_record: write ``ROOT_DIR/run_record/<start time>/`` at each start (rank 0): git commit and diff (or a copy
+    of the package source), installed packages, the conf and the user modules it imports, the command line
+    (``alfish/trainer/run_record.py``).
     """
 
     save_replay_buffer: bool = True
@@ -32,6 +35,7 @@ class RunOptions:
     progress_log_interval_s: float = 10.0
     random_warm_up_actions: bool = False
     host_memory_cache_mb: int = 256
+    run_record: bool = True
 
     def __post_init__(self) -> None:
         check_setting(self.num_threads)

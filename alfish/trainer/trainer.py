@@ -32,6 +32,7 @@ from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.disk import DiskWriteError, disk_error_in
 from alfish.trainer.evaluator import Evaluator, record_evaluation
 from alfish.trainer.options import RunOptions
+from alfish.trainer.profiler import NullProfiler
 from alfish.trainer.progress import Progress
 from alfish.trainer.resume import checkpoint_contents, restore
 from alfish.trainer.signals import SignalRequests, confirm_checkpoint_on_crash
@@ -62,6 +63,7 @@ class Trainer:
     rank_seed: int
     resume_from: Optional[LoadedCheckpoint] = None
     throughput: Throughput = dataclasses.field(default_factory=Throughput)
+    profiler: NullProfiler = dataclasses.field(default_factory=NullProfiler)  # TrainerConfig.profiling
     started: bool = False  # the parts were restored and acting began: a crash from now on is worth a checkpoint
 
     def run(self) -> int:
@@ -139,6 +141,7 @@ class Trainer:
 
     def close(self) -> None:
         """Stop the collector (and its child), close the envs and the summary writer; leave the process group."""
+        self.profiler.close()  # (a run that ends inside the profiling window writes what it recorded)
         self.collector.close()
         self.summaries.close()
         if self.evaluator is not None:
@@ -160,6 +163,7 @@ class Trainer:
             self._evaluate()
         if self.plan.checkpoint_due(it):
             self.save_checkpoint()
+        self.profiler.step(it)
         interval = self.config.ddp_paras_check_interval
         if interval > 0 and it % interval == 0:
             check_parameters_equal(self.algorithm, self.dist)  # every rank takes part; raises on a mismatch

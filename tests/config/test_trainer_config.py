@@ -107,8 +107,7 @@ def test_not_built_yet_parameter_raises_when_set(name):
 
 def test_not_built_yet_lists_the_unbuilt_features():
     assert set(NOT_BUILT_YET) <= set(ALF_DEFAULTS)
-    assert 'profiling' in NOT_BUILT_YET
-    built = {'offline_buffer_dir', 'offline_buffer_length', 'rl_train_after_update_steps',
+    built = {'profiling', 'code_snapshots', 'no_thread_env_for_conf', 'offline_buffer_dir', 'offline_buffer_length', 'rl_train_after_update_steps',
              'rl_train_every_update_steps', 'priority_replay', 'priority_replay_alpha', 'priority_replay_beta',
              'async_unroll', 'max_unroll_length',
              'unroll_queue_size', 'unroll_step_interval', 'unroll_parameter_update_period', 'enable_amp',
@@ -245,13 +244,13 @@ def test_whole_floats_are_stored_as_ints():
 
 
 def test_several_problems_are_numbered_on_one_line():
-    message = error_of(root_dir='', summary_interval=0, profiling=True)
+    message = error_of(root_dir='', summary_interval=0, offline_buffer_length=5)
     assert message == (
         "3 problems in TrainerConfig: "
-        "[1] TrainerConfig.profiling=True is not supported yet in alfish (the profiler integration is not "
-        "built yet); remove it from the conf or set it to False. "
-        "[2] TrainerConfig.root_dir is empty; pass --root_dir to the train command. "
-        "[3] TrainerConfig.summary_interval = 0: expected an int >= 1 (iterations).")
+        "[1] TrainerConfig.root_dir is empty; pass --root_dir to the train command. "
+        "[2] TrainerConfig.summary_interval = 0: expected an int >= 1 (iterations). "
+        "[3] TrainerConfig.offline_buffer_length=5 limits the offline data, but TrainerConfig.offline_buffer_dir is "
+        "not set; set it or remove offline_buffer_length.")
 
 
 def test_error_from_gin_bound_value_stays_one_line():
