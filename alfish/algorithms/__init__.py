@@ -6,6 +6,8 @@ from alfish.algorithms.dqn import DqnAlgorithm
 from alfish.algorithms.iql import IqlAlgorithm
 from alfish.algorithms.ppo import PpoAlgorithm
 from alfish.algorithms.sac import SacAlgorithm
+from alfish.algorithms.supervised import SupervisedModel
 
 __all__ = ["A2cAlgorithm", "Algorithm", "BcAlgorithm", "DdpgAlgorithm", "DqnAlgorithm", "IqlAlgorithm",
-           "OffPolicyAlgorithm", "OnPolicyAlgorithm", "PpoAlgorithm", "RLAlgorithm", "SacAlgorithm", "Td3Algorithm"]
+           "OffPolicyAlgorithm", "OnPolicyAlgorithm", "PpoAlgorithm", "RLAlgorithm", "SacAlgorithm", "SupervisedModel",
+           "Td3Algorithm"]

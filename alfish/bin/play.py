@@ -211,6 +211,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         trusted = trusted_prefixes(args.allow_import)
         ckpt = load_checkpoint(args.root_dir, args.checkpoint_step)
         config = load_stored_config(args.root_dir, ckpt, trusted)
+        if config.ml_type != "rl":
+            raise PlayError(f"{args.root_dir} trained a supervised model (TrainerConfig.ml_type={config.ml_type!r}): "
+                            "there is no policy to play")
         env = create_env(args, trusted)
         transformer, algorithm = restore_policy(config, env, ckpt)
         time_step = env.reset()

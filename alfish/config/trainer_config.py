@@ -54,7 +54,10 @@ class TrainerConfig:
     Args:
         root_dir: directory for checkpoints, summaries and the config record (passed by the train command).
         conf_file: path of the conf file this config came from (recorded for reference only).
-        ml_type: kind of learning; only 'rl' (reinforcement learning) is supported.
+        ml_type: ``'rl'`` (reinforcement learning) or ``'sl'``: supervised learning of ``SupervisedModel`` on
+            ``SupervisedData`` pairs, on the same loop, Learner, summaries and checkpoints (no env; the validation
+            loss is summarized as ``sl/validation_loss``; needs ``evaluate=False``, ``mini_batch_size`` and
+            ``num_iterations``).
         algorithm_ctor: the algorithm's constructor, e.g. ``@SacAlgorithm``; the trainer calls it with the env specs.
         data_transformer_ctor: constructor, or list of constructors, of data transformers (alfish.transforms), applied
             to each TimeStep before the algorithm sees it and to each replay sample before training.
@@ -315,9 +318,9 @@ def _not_built_problems(config: TrainerConfig) -> list[str]:
         f"remove it from the conf or set it to {defaults[name]!r}"
         for name, reason in NOT_BUILT_YET.items() if getattr(config, name) != defaults[name]
     ]
-    if config.ml_type != 'rl':
-        problems.append(f"TrainerConfig.ml_type={config.ml_type!r} is not supported yet in alfish (only "
-                        f"reinforcement learning is built); remove it from the conf or set it to 'rl'")
+    if config.ml_type not in ('rl', 'sl'):
+        problems.append(f"TrainerConfig.ml_type={config.ml_type!r} must be 'rl' (reinforcement learning) or 'sl' "
+                        "(supervised learning)")
     if config.temporally_independent_train_step is False:
         problems.append("TrainerConfig.temporally_independent_train_step=False is not supported yet in alfish "
                         "(no recurrent train_step is built); remove it from the conf or set it to None or True")
@@ -365,6 +368,9 @@ def _cross_field_problems(config: TrainerConfig) -> list[str]:
          f"TrainerConfig.whole_replay_buffer_training=True needs TrainerConfig.replay_buffer_length "
          f"(now {c.replay_buffer_length}) >= ceil(TrainerConfig.unroll_length)+1 = {needed_length} "
          f"(one unroll plus the step to bootstrap from)"),
+        (c.ml_type == 'sl' and (c.evaluate or c.num_iterations <= 0 or c.offline_buffer_dir is not None),
+         "TrainerConfig.ml_type='sl' trains a model on SupervisedData with no env: set TrainerConfig.evaluate=False "
+         "(the validation loss is summarized), TrainerConfig.num_iterations > 0 and no offline_buffer_dir"),
         (c.offline_buffer_dir is None and c.offline_buffer_length is not None,
          f"TrainerConfig.offline_buffer_length={c.offline_buffer_length} limits the offline data, but "
          "TrainerConfig.offline_buffer_dir is not set; set it or remove offline_buffer_length"),

@@ -41,6 +41,7 @@ from alfish.replay.prioritized import PrioritizedSampler
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.samplers import UniformSampler
 from alfish.replay.storage import make_storage
+from alfish.replay.supervised_data import SupervisedData
 from alfish.schedulers import as_scheduler
 from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
@@ -62,6 +63,7 @@ from alfish.trainer.profiler import IterationProfiler, NullProfiler
 from alfish.trainer.resume import choose_resume_point
 from alfish.trainer.run_record import resolve_snapshots, snapshot_texts, write_run_record
 from alfish.trainer.summary import NullSummaries, Summaries
+from alfish.trainer.supervised_training import SupervisedTraining
 from alfish.trainer.trainer import Trainer
 from alfish.trainer.training import OnPolicyTraining, SampledReplayTraining, TrainingStep, WholeBufferTraining
 from alfish.transforms.base import STAGE_READS_BUFFER, DataTransformer
@@ -89,13 +91,16 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
     if offline_options is not None:  # (before loading: the config alone decides these)
         check_offline_combinations(config, offline_options, _declared_on_policy(config), "")
     offline_steps = load_sources(config, offline_options) if offline_options is not None else None
-    if offline_steps is not None and is_pure_offline(config):
+    supervised_data = SupervisedData() if config.ml_type == "sl" else None
+    if supervised_data is not None:  # no env: the data's spaces stand for the env's
+        collector = NoCollector(EnvSpec(supervised_data.input_space, supervised_data.target_space, 1))
+    elif offline_steps is not None and is_pure_offline(config):
         collector = build_offline_collector(offline_spec(offline_steps))  # no training env at all
     else:
         collector = build_collector(config, options, rank_seed, device)
     try:
         return _assemble(config, options, dist, device, devices, checkpointer, resume_from, seed, rank_seed,
-                         collector, offline_options, offline_steps)
+                         collector, offline_options, offline_steps, supervised_data)
     except BaseException:
         collector.close()  # the async child, the envs
         raise
@@ -104,7 +109,7 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
 def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, device: torch.device,
               devices: DevicePolicy, checkpointer: Checkpointer, resume_from: Optional[LoadedCheckpoint], seed: int,
               rank_seed: int, collector: Collector, offline_options: Optional[OfflineOptions] = None,
-              offline_steps: Optional[Steps] = None) -> Trainer:
+              offline_steps: Optional[Steps] = None, supervised_data: Optional[SupervisedData] = None) -> Trainer:
     spec = collector.spec
     transformer, algorithm = build_policy(config, spec)
     check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
@@ -123,7 +128,10 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
     replay = None
     if not algorithm.on_policy and not pure_offline:
         replay = build_replay_buffer(config, spec, transformer, devices, device)
-    if offline_steps is None:
+    if supervised_data is not None:
+        training = SupervisedTraining(collector, learner, algorithm, supervised_data,
+                                      config.num_updates_per_train_iter, config.mini_batch_size, rank_seed)
+    elif offline_steps is None:
         training = build_training_step(config, collector, learner, algorithm, replay, transformer, total_envs,
                                        config.mini_batch_size)
     else:

@@ -107,7 +107,8 @@ def test_not_built_yet_parameter_raises_when_set(name):
 
 def test_not_built_yet_lists_the_unbuilt_features():
     assert set(NOT_BUILT_YET) <= set(ALF_DEFAULTS)
-    built = {'profiling', 'code_snapshots', 'no_thread_env_for_conf', 'offline_buffer_dir', 'offline_buffer_length', 'rl_train_after_update_steps',
+    built = {'profiling', 'code_snapshots', 'no_thread_env_for_conf', 'offline_buffer_dir', 'offline_buffer_length',
+             'rl_train_after_update_steps',
              'rl_train_every_update_steps', 'priority_replay', 'priority_replay_alpha', 'priority_replay_beta',
              'async_unroll', 'max_unroll_length',
              'unroll_queue_size', 'unroll_step_interval', 'unroll_parameter_update_period', 'enable_amp',

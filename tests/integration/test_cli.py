@@ -82,7 +82,7 @@ EPISODE_LIMIT = {"sac_pendulum.gin": 200, "sac_pendulum_hybrid.gin": 200, "ppo_c
 
 
 def test_every_shipped_conf_is_exercised_here():
-    assert set(SHRINK) | set(OFFLINE_SHRINK) == {p.name for p in CONFS.glob("*.gin")}
+    assert set(SHRINK) | set(OFFLINE_SHRINK) | {"sl_sine.gin"} == {p.name for p in CONFS.glob("*.gin")}
 
 
 def child_env():
@@ -194,6 +194,21 @@ def test_offline_conf_trains_without_env_steps_resumes_and_plays(tmp_path, conf)
     check_ok(proc)
     assert re.search(r"^episode 1: return -?\d+(\.\d+)? length 200$", proc.stdout, re.MULTILINE), proc.stdout
     assert gif.is_file() and gif.stat().st_size > 0
+
+
+@pytest.mark.timeout(120)
+def test_the_supervised_conf_trains_resumes_and_refuses_play(tmp_path):
+    root = tmp_path / "root"
+    check_ok(train(CONFS / "sl_sine.gin", root, ["TrainerConfig.num_iterations=300"]))
+    assert checkpoint_steps(root) == [150, 300]
+    proc = train(CONFS / "sl_sine.gin", root, ["TrainerConfig.num_iterations=600"])
+    check_ok(proc)
+    assert f"resumed from {os.path.join(root, 'checkpoints', 'ckpt-300')}: iteration 300," in proc.stderr
+    assert "training finished: 600 iterations, 0 env steps" in proc.stderr
+    proc = run(["alfish.bin.play", "--root_dir", str(root), "--num_episodes", "1"])
+    assert proc.returncode == 2
+    assert proc.stderr.strip().endswith("trained a supervised model (TrainerConfig.ml_type='sl'): there is no "
+                                        "policy to play")
 
 
 @pytest.mark.timeout(30)

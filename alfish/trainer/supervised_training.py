@@ -1,0 +1,36 @@
+"""``SupervisedTraining``: what one iteration of supervised learning (``ml_type='sl'``) does:
+``num_updates_per_train_iter`` mini-batches of ``mini_batch_size`` pairs, each one Learner update; the validation loss
+is computed only when a summary is due (``sl/validation_loss``)."""
+from __future__ import annotations
+
+import torch
+
+from alfish.algorithms.supervised import SupervisedModel
+from alfish.collect.collector import Collector
+from alfish.learn.learner import Learner
+from alfish.replay.supervised_data import SupervisedData
+from alfish.trainer.training import TrainingStep
+
+
+class SupervisedTraining(TrainingStep):
+    def __init__(self, collector: Collector, learner: Learner, algorithm: SupervisedModel, data: SupervisedData,
+                 num_updates_per_train_iter: int, mini_batch_size: int, seed: int):
+        super().__init__(collector, learner, algorithm)
+        self.data, self.num_updates, self.mini_batch_size = data, num_updates_per_train_iter, mini_batch_size
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def _collect_and_train(self, steps_per_env: int) -> int:
+        for _ in range(self.num_updates):
+            batch = self.data.sample(self.mini_batch_size, self.generator)
+            self.learner.update(batch._replace(inputs=batch.inputs.to(self.learner.device),
+                                               targets=batch.targets.to(self.learner.device)))
+        return 0
+
+    def summary(self) -> dict[str, float]:
+        out = super().summary()
+        validation = self.data.validation()
+        if validation is not None:
+            device = self.learner.device
+            out["sl/validation_loss"] = float(self.algorithm.validation_loss(
+                validation._replace(inputs=validation.inputs.to(device), targets=validation.targets.to(device))))
+        return out
