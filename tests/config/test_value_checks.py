@@ -49,7 +49,7 @@ BAD_VALUES = [
     ("TrainerConfig.priority_replay_alpha = -0.5", "a number >= 0 or a schedule (e.g. @LinearScheduler())"),
     ("create_environment.num_parallel_environments = 0", "an int >= 1"),
     ("HindsightExperienceTransformer.her_proportion = 1.2", "a number in [0, 1]"),
-    ("OptimizerConfig.betas = (0.9, 1.0)", "a list or tuple of numbers in [0, 1), e.g. (0.9, 0.999)"),
+    ("OptimizerConfig.betas = (0.9, 1.0)", "a list or tuple of numbers in [0, 1) or None"),
     ("Trainer.num_threads = 0", "an int >= 1, 'auto' or None"),
     # Misspelled strings from a fixed set: the closest valid one is suggested.
     ("create_environment.vectorization = 'asyn'", "one of 'sync', 'async', 'envpool'; did you mean 'async'?"),
