@@ -63,12 +63,13 @@ class Learner:
             updates late; a fused optimizer skips such updates on the device, so they change no parameter.
         compile_mode: ``None`` (eager) or a ``torch.compile`` mode (``'default'``, ``'reduce-overhead'`` = CUDA graphs
             on a GPU, ``'max-autotune'``, ...) for the loss module: the forward (``train_step`` + ``calc_loss``) and,
-            through AOTAutograd, its backward. The optimizer step stays eager (the fused Adam is one kernel) and
+            through AOTAutograd, its backward. The optimizer step stays eager (a fused step is one kernel) and
             reads the learning rates as numbers, so a scheduled change recompiles nothing. If compilation fails the
             update runs eagerly after a one-line warning.
 
     Attributes:
-        optimizer: the Adam built by ``optimizer_config.build`` from the algorithm's groups (numeric learning rates).
+        optimizer: what ``optimizer_config.build`` made (``OptimizerConfig.name``) from the algorithm's groups
+            (numeric learning rates).
         params: every parameter the optimizer updates, in group order.
         loss_module: ``LossModule(algorithm)``, wrapped in DDP when the job has several ranks.
         amp: the AMP policy.

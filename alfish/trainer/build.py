@@ -75,6 +75,7 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
     options = options or RunOptions()
     check_combinations(config, options, _declared_on_policy(config))
     resolve_snapshots(config.code_snapshots)  # a missing file fails before anything starts
+    OptimizerConfig()  # (built again for the Learner) an optimizer setting that does not apply fails here too
     keep_freed_host_memory(options.host_memory_cache_mb)
     if options.num_threads != AUTO:  # ('auto' needs the networks: set once they are built)
         set_threads(options.num_threads, torch.nn.Module(), 0)
