@@ -10,6 +10,7 @@ from torch import nn
 
 from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OnPolicyAlgorithm
+from alfish.algorithms.debug_stats import explained_variance, masked_stats
 from alfish.data.types import Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
 from alfish.schedulers import Scheduler, as_scheduler
@@ -51,16 +52,19 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
         return out.action, A2cRolloutInfo(out.log_prob, out.entropy, out.value)
 
     def loss_terms(self, exp: Experience) -> dict[str, torch.Tensor]:
-        """Per-step terms ``[T, B]`` (with gradients) of the unroll ``[T+1, B]``: policy gradient, value, entropy."""
+        """Per-step terms ``[T, B]`` (with gradients) of the unroll ``[T+1, B]``: policy gradient, value, entropy;
+        also (no gradient) the GAE ``advantage`` before any standardizing and the ``value_target``, and ``value``
+        (with gradient), which ``calc_loss`` reads for the debug summaries."""
         info: A2cRolloutInfo = exp.rollout_info
         value = info.value
-        adv = generalized_advantage_estimation(exp.reward, value.detach(), exp.step_type, exp.discount, self.gamma,
-                                               self.gae_lambda)
+        advantage = adv = generalized_advantage_estimation(exp.reward, value.detach(), exp.step_type, exp.discount,
+                                                           self.gamma, self.gae_lambda)
         value_target = adv + value.detach()[:-1]
         if self.normalize_advantages:
             adv = masked_standardize(adv, (exp.step_type[:-1] != StepType.LAST).to(value.dtype))
-        return dict(policy_loss=-adv * info.log_prob[:-1], value_loss=(value_target - value[:-1]) ** 2,
-                    entropy=info.entropy[:-1])
+        value_t = value[:-1]
+        return dict(policy_loss=-adv * info.log_prob[:-1], value_loss=(value_target - value_t) ** 2,
+                    entropy=info.entropy[:-1], advantage=advantage, value_target=value_target, value=value_t)
 
     def calc_loss(self, exp: Experience, train_info: Any = None) -> LossInfo:
         """Per-step loss ``[T, B]``; steps out of a LAST step (env autoreset) are masked out."""
@@ -71,6 +75,10 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
 
         def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
             count = valid.sum().clamp(min=1.0)
-            return {k: (v.detach() * valid).sum() / count for k, v in terms.items()}
+            out = {k: (terms[k].detach() * valid).sum() / count for k in ("policy_loss", "value_loss", "entropy")}
+            if self.debug_summaries:  # TrainerConfig.debug_summaries
+                out.update(masked_stats("advantage", terms["advantage"], valid, ("mean", "std")))
+                out["debug/explained_variance"] = explained_variance(terms["value"], terms["value_target"], valid)
+            return out
 
         return LossInfo(loss=loss, extra=extra)

@@ -39,6 +39,9 @@ class Algorithm(nn.Module):
     rollout_module_names: Optional[tuple[str, ...]] = None
     #: True when some updates leave parameters out of the loss (TD3's delayed actor); DDP must then look for them.
     skips_parameters_in_some_updates: bool = False
+    #: Add ``debug/...`` statistics (``alfish.algorithms.debug_stats``) to ``calc_loss``'s lazy terms; the trainer sets
+    #: it from ``TrainerConfig.debug_summaries`` at assembly. Read only when the terms are evaluated (a summary).
+    debug_summaries: bool = False
 
     def predict_step(self, time_step: TimeStep, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
         raise NotImplementedError

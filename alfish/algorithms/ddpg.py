@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
+from alfish.algorithms.debug_stats import masked_stats
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.mlp import polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
@@ -41,6 +42,7 @@ class DdpgTrainInfo(NamedTuple):
     critic_loss: torch.Tensor  # [N]
     actor_loss: torch.Tensor   # [N]; zeros (no graph) on steps where the delayed actor is not due
     q: torch.Tensor            # [N], mean over the critics of Q(s, a) of the stored action (detached)
+    td_target: torch.Tensor    # [N], r + gamma * discount * min_i Q_target_i(s', a'), no gradient
 
 
 @gin.configurable
@@ -151,7 +153,7 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         else:
             actor_loss = torch.zeros_like(critic_loss)  # a factory: no graph, no detach needed
         td = td.detach()
-        return AlgStep(info=DdpgTrainInfo(td.abs().mean(0), critic_loss, actor_loss, q.detach().mean(0)))
+        return AlgStep(info=DdpgTrainInfo(td.abs().mean(0), critic_loss, actor_loss, q.detach().mean(0), td_target))
 
     def calc_loss(self, exp: Experience, train_info: DdpgTrainInfo) -> LossInfo:
         """Per-transition loss ``[L-1, B]``; transitions out of a LAST step (env autoreset) are masked out."""
@@ -165,7 +167,11 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             terms = torch.stack([train_info.critic_loss, train_info.actor_loss, train_info.q]).detach()
             means = (terms * valid).sum(-1) / count
             # actor_loss reads 0 on summaries that fall on a step where the delayed actor was not trained.
-            return dict(critic_loss=means[0], actor_loss=means[1], q_mean=means[2])
+            out = dict(critic_loss=means[0], actor_loss=means[1], q_mean=means[2])
+            if self.debug_summaries:  # TrainerConfig.debug_summaries: Q is the critics' mean per sample
+                out.update(masked_stats("q", train_info.q, valid))
+                out.update(masked_stats("td_target", train_info.td_target, valid))
+            return out
 
         priority = (train_info.td_error * valid).view(shape).mean(0)  # [B]: mean |TD error| of each sequence
         return LossInfo(loss=loss.view(shape), extra=extra, priority=priority)

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
+from alfish.algorithms.debug_stats import masked_stats
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
 from alfish.networks.mlp import polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
@@ -193,9 +194,13 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
 
         def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
             count = valid.sum().clamp(min=1.0)
-            return dict(td_loss=loss.detach().sum() / count,
-                        q_mean=(q.detach() * valid).sum() / count,
-                        epsilon=torch.tensor(self.epsilon(), device=valid.device))
+            out = dict(td_loss=loss.detach().sum() / count,
+                       q_mean=(q.detach() * valid).sum() / count,
+                       epsilon=torch.tensor(self.epsilon(), device=valid.device))
+            if self.debug_summaries:  # TrainerConfig.debug_summaries: Q(obs_0, action_0) and its n-step target
+                out.update(masked_stats("q", q, valid))
+                out.update(masked_stats("td_target", target, valid))
+            return out
 
         return LossInfo(loss=loss.unsqueeze(0), extra=extra, priority=abs_td.mul_(valid))
 

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
+from alfish.algorithms.debug_stats import masked_stats
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.distributions import gaussian_log_prob
 from alfish.networks.mlp import polyak_update
@@ -50,6 +51,8 @@ class IqlTrainInfo(NamedTuple):
     actor_loss: torch.Tensor   # [N]
     advantage: torch.Tensor    # [N], min Q_target(s, a) - V(s), detached
     weight: torch.Tensor       # [N], the actor's clipped exp(beta * advantage), detached
+    q: torch.Tensor            # [E, N], Q_i(s, a) of the dataset action (its graph is the critic term's; debug only)
+    td_target: torch.Tensor    # [N], r + gamma * discount * V(s'), no gradient
 
 
 @gin.configurable
@@ -161,7 +164,7 @@ class IqlAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         mean, log_std = self._policy(obs_t)
         actor_loss = -weight * gaussian_log_prob(act_t, mean, log_std)          # log_std broadcasts over N
         return AlgStep(info=IqlTrainInfo(td.detach().abs().mean(0), value_loss, critic_loss, actor_loss, advantage,
-                                         weight))
+                                         weight, q, td_target))
 
     def calc_loss(self, exp: Experience, train_info: IqlTrainInfo) -> LossInfo:
         """Per-transition loss ``[L-1, B]``; transitions out of a LAST step (env autoreset, placeholder action) are
@@ -176,8 +179,15 @@ class IqlAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             terms = torch.stack([train_info.value_loss, train_info.critic_loss, train_info.actor_loss,
                                  train_info.advantage, train_info.weight]).detach()
             means = (terms * valid).sum(-1) / count
-            return dict(value_loss=means[0], critic_loss=means[1], actor_loss=means[2], advantage=means[3],
-                        weight=means[4])
+            out = dict(value_loss=means[0], critic_loss=means[1], actor_loss=means[2], advantage=means[3],
+                       weight=means[4])
+            if self.debug_summaries:  # TrainerConfig.debug_summaries
+                out.update(masked_stats("q", train_info.q, valid))
+                out.update(masked_stats("td_target", train_info.td_target, valid))
+                every = ("mean", "std", "min", "max")
+                out.update(masked_stats("advantage", train_info.advantage, valid, every))
+                out.update(masked_stats("weight", train_info.weight, valid, every))
+            return out
 
         # Replay priority of each sampled sequence [B]: its transitions' mean |TD error|.
         priority = (train_info.td_error * valid).view(shape).mean(0)

@@ -15,6 +15,7 @@ from torch import nn
 
 from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OffPolicyAlgorithm
+from alfish.algorithms.debug_stats import explained_variance, masked_stats
 from alfish.data import nest
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
@@ -120,6 +121,11 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
                 out = {k: (terms[k] * valid).sum() / count for k in ("policy_loss", "value_loss", "entropy")}
                 out["approx_kl"] = (((ratio - 1) - torch.log(ratio)) * valid).sum() / count
                 out["clip_fraction"] = (((ratio - 1).abs() > self.clip_range()).float() * valid).sum() / count
+                if self.debug_summaries:  # TrainerConfig.debug_summaries: GAE advantages before any standardizing
+                    old: PpoExperienceInfo = exp.rollout_info
+                    out.update(masked_stats("advantage", old.advantage.flatten(), valid, ("mean", "std")))
+                    out["debug/explained_variance"] = explained_variance(train_info.value,
+                                                                         old.value_target.flatten(), valid)
                 return out
 
         return LossInfo(loss=loss.view(exp.step_type.shape), extra=extra)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
+from alfish.algorithms.debug_stats import masked_stats
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.distributions import tanh_gaussian_sample
 from alfish.networks.mlp import polyak_update
@@ -30,6 +31,8 @@ class SacTrainInfo(NamedTuple):
     actor_loss: torch.Tensor   # [N]
     alpha_loss: torch.Tensor   # [N]
     log_prob: torch.Tensor     # [N]
+    q: torch.Tensor            # [E, N], Q_i(s, a) of the replayed action (its graph is the critic term's; debug only)
+    td_target: torch.Tensor    # [N], r + gamma * discount * soft V(s'), no gradient
 
 
 @gin.configurable
@@ -128,7 +131,8 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         log_prob = log_prob.detach()
         # -log_alpha * (log_prob + target_entropy), as log_alpha * (-target_entropy - log_prob): the same floats
         alpha_loss = self.log_alpha * torch.rsub(log_prob, -self.target_entropy())
-        return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, actor_loss, alpha_loss, log_prob))
+        return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, actor_loss, alpha_loss, log_prob, q,
+                                         td_target))
 
     def calc_loss(self, exp: Experience, train_info: SacTrainInfo) -> LossInfo:
         """Per-transition loss ``[L-1, B]``; transitions out of a LAST step (env autoreset) are masked out."""
@@ -142,8 +146,15 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             terms = torch.stack([train_info.critic_loss, train_info.actor_loss, train_info.alpha_loss,
                                  -train_info.log_prob]).detach()
             means = (terms * valid).sum(-1) / count
-            return dict(critic_loss=means[0], actor_loss=means[1], alpha_loss=means[2], entropy=means[3],
-                        alpha=self.log_alpha.detach().exp())
+            out = dict(critic_loss=means[0], actor_loss=means[1], alpha_loss=means[2], entropy=means[3],
+                       alpha=self.log_alpha.detach().exp())
+            if self.debug_summaries:  # TrainerConfig.debug_summaries: Q over every critic, entropy per sample
+                out.update(masked_stats("q", train_info.q, valid))
+                out.update(masked_stats("td_target", train_info.td_target, valid))
+                out.update(masked_stats("entropy", -train_info.log_prob, valid))
+                out["debug/alpha"] = out["alpha"]
+                out["debug/target_entropy"] = torch.tensor(float(self.target_entropy()), device=valid.device)
+            return out
 
         # Replay priority of each sampled sequence [B]: its transitions' mean |TD error|.
         priority = (train_info.td_error * valid).view(shape).mean(0)

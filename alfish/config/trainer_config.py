@@ -28,11 +28,6 @@ NumberOrSchedule = Union[float, Callable[[], float]]
 # Parameters whose feature is not built yet -> what is missing. Setting one to a non-default value raises.
 NOT_BUILT_YET: dict[str, str] = {
     "use_rollout_state": "recurrent (stateful) policies are not built yet",
-    "eval_uncertainty": "uncertainty evaluation is not built yet",
-    "summarize_gradient_noise_scale": "the gradient-noise-scale summary is not built yet",
-    "summarize_action_distributions": "action distribution summaries are not built yet",
-    "summarize_output": "network output summaries are not built yet",
-    "update_counter_every_mini_batch": "the global counter advances once per iteration only",
 }
 
 
@@ -95,31 +90,50 @@ class TrainerConfig:
         num_evals: number of evaluations over the run; when set it overrides eval_interval.
         eval_interval: iterations between two evaluations.
         epsilon_greedy: probability in [0, 1] of sampling an action instead of the greedy one in evaluation/play.
-        eval_uncertainty: evaluate the uncertainty estimates of ensembles (not built yet).
+        eval_uncertainty: also record the spread of each evaluation: the std, min and max of the episode returns
+            (``eval/return_std``, ``return_min``, ``return_max``) and, for an algorithm with a critic ensemble
+            (``algorithm.critics``: SAC, TD3/DDPG, IQL), the critics' estimates of the evaluation's own state-action
+            pairs: ``eval/critic_mean`` and, with 2 or more critics, ``eval/critic_std`` (mean over the steps of the
+            std across the ensemble). Others (PPO, A2C, DQN, BC) record the return spread only.
         num_eval_episodes: episodes per evaluation, summed over the eval envs.
         num_eval_environments: number of parallel eval envs.
-        async_eval: run evaluation in a child process so training does not wait for it.
+        async_eval: run evaluation in a child process (acting on ``DevicePolicy.rollout_device``, the CPU by default)
+            on a copy of the parameters sent when it is due, so training does not wait for it; results are recorded
+            against the iteration they evaluated. An evaluation due while the previous one still runs waits for it
+            (so every due evaluation is recorded); the final one is awaited before the run ends.
         ddp_paras_check_interval: iterations between checks that DDP ranks hold equal parameters (0: never); a
             mismatch is an error naming the first differing parameter.
         num_summaries: number of summary writes over the run; when set it overrides summary_interval.
         summary_interval: iterations between two summary writes.
         summarize_first_interval: write summaries at every iteration of the first summary interval.
-        update_counter_every_mini_batch: advance the global counter per mini-batch instead of per iteration
-            (not built yet).
+        update_counter_every_mini_batch: advance the global counter per mini-batch instead of per iteration: the
+            TensorBoard step of the training summaries is the number of optimizer updates, and summary_interval
+            counts updates (a summary after each iteration in which the count reaches a multiple of it; with
+            num_summaries set, summaries stay spaced by iterations). Evaluations, checkpoints and every other
+            interval count iterations; the eval/ scalars keep the iteration as their step.
         summaries_flush_secs: seconds between flushes of the summary writer to disk.
         summary_max_queue: summaries queued in memory before a flush is forced.
         metric_min_buffer_size: episodes kept in the buffer that averages episodic metrics (return, length).
-        debug_summaries: write extra summaries useful to debug the algorithm (costs host syncs).
+        debug_summaries: the algorithm adds debug/ statistics to its loss terms, computed only when a summary is
+            due: Q-values and TD targets (SAC, DDPG/TD3, DQN, IQL; mean/min/max), entropy and alpha (SAC),
+            advantage mean/std and the value function's explained variance (PPO, A2C), advantage and weight
+            statistics (IQL).
         profiling: ``torch.profiler`` over a window of iterations (``Profiler.skip_iterations``,
             ``Profiler.active_iterations``): Chrome trace and top-ops table in ``root_dir/profile``.
         enable_amp: mixed-precision training: the loss under torch.autocast (bf16 on CPU; fp16 with a gradient
             scaler on CUDA; AmpPolicy.dtype chooses).
         code_snapshots: source files recorded as TensorBoard text (``code/<path>``) at start (ALF's meaning); a path
             as given, else relative to the alfish package. (The run record, ``Trainer.run_record``, is separate.)
-        summarize_grads_and_vars: write norms/histograms of parameters and their gradients.
-        summarize_gradient_noise_scale: write the gradient noise scale (not built yet).
-        summarize_action_distributions: write action distribution summaries (not built yet).
-        summarize_output: write summaries of network outputs (not built yet).
+        summarize_grads_and_vars: write the norms (vars/<name>.norm, grads/<name>.norm) and histograms
+            (vars/<name>, grads/<name>) of the parameters and of the last update's gradients.
+        summarize_gradient_noise_scale: write the simple gradient noise scale of McCandlish et al. 2018 (gns/simple,
+            with its estimates gns/grad_norm_sq and gns/noise_trace), measured on one update per summary by two
+            extra backwards on the two halves of its mini-batch, averaged over summaries.
+        summarize_action_distributions: write histograms of the actions (action/dim<i> per Box dim with their mean
+            and std; action/discrete and action/frequency.<k> for Discrete actions): this iteration's rollout for
+            on-policy and whole-buffer training, the last sampled mini-batch otherwise.
+        summarize_output: write the mean/std/min/max of the outputs of the algorithm's networks (output/<module>.*),
+            recorded by forward hooks on one update per summary.
         initial_collect_steps: env steps summed over all envs of all DDP ranks collected before any training starts
             (each env takes ceil(initial_collect_steps / total envs) steps).
         num_updates_per_train_iter: gradient-update passes per iteration (epochs over the buffer with

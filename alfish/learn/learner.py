@@ -19,7 +19,7 @@ Two entry points, one shared step:
 from __future__ import annotations
 
 import logging
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from typing import Callable, Optional
 
 import gin
@@ -31,6 +31,7 @@ from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience, LossInfo
 from alfish.errors import NonFiniteLossError, OneLineValueError
 from alfish.learn.amp import AmpPolicy
+from alfish.learn.diagnostics import Diagnostics, squared_norm
 from alfish.learn.distributed import DistContext, allreduce_gradients, wrap_for_ddp
 from alfish.learn.finite_guard import NonFiniteGuard
 from alfish.learn.optim import OptimizerConfig
@@ -75,6 +76,8 @@ class Learner:
         amp: the AMP policy.
         lr_schedules: ``{group name: Scheduler}`` for the groups whose learning rate is scheduled.
         num_updates: optimizer steps taken (restored from checkpoints).
+        diagnostics: the summary-only measurements inside updates (gradient noise scale, network outputs), set at
+            assembly when a summary asks for them; ``None``: none (an update then does nothing for them).
     """
 
     def __init__(self, algorithm: Algorithm, optimizer_config: OptimizerConfig | None = None,
@@ -107,6 +110,7 @@ class Learner:
                                         and not self.dist.enabled)
         self._last_loss: LossInfo | None = None  # with .loss the detached weighted mean (0-d)
         self._last_grad_norm: torch.Tensor | None = None
+        self.diagnostics: Diagnostics | None = None
 
     # ---------------------------------------------------------------------------------------------- schedules ----
     def update_learning_rates(self) -> None:
@@ -135,8 +139,11 @@ class Learner:
             NonFiniteLossError: when a read of the guard is due (see ``finite_check_interval``) and this or an
                 earlier update since the last read had a NaN/inf loss; this update changed nothing.
         """
-        with self.amp.autocast():
-            loss_info = self._compute_loss(batch) if rl_batch is None else self.loss_module(batch, rl_batch)
+        diagnosed = self._diagnosed()
+        # A diagnosed update runs eagerly: compiled code would recompile for the hooks and the second backward.
+        compute = self.loss_module if diagnosed or rl_batch is not None else self._compute_loss
+        with self.amp.autocast(), self.capturing_outputs():
+            loss_info = compute(batch) if rl_batch is None else compute(batch, rl_batch)
         return self._step(loss_info, batch_info, allreduce=False)
 
     def apply(self, loss_info: LossInfo, batch_info: BatchInfo | None = None) -> LossInfo:
@@ -150,6 +157,18 @@ class Learner:
         """
         return self._step(loss_info, batch_info, allreduce=True)
 
+    def _diagnosed(self) -> bool:
+        """Whether the coming update is the one a due summary measures (``diagnostics``); a Python test."""
+        return self.diagnostics is not None and self.diagnostics.armed(self.num_updates + 1)
+
+    def capturing_outputs(self) -> AbstractContextManager:
+        """The context the coming update's forward runs in: hooks recording the networks' outputs when that update
+        is diagnosed and ``TrainerConfig.summarize_output`` is on, else nothing. ``update`` enters it itself; the
+        on-policy training step unrolls in it (the unroll is its forward)."""
+        if self.diagnostics is None:
+            return nullcontext()
+        return self.diagnostics.capture_outputs(self.num_updates + 1)
+
     def _step(self, loss_info: LossInfo, batch_info: BatchInfo | None, allreduce: bool) -> LossInfo:
         """Weighted mean of the per-sample loss ``[..., B]``, guard, backward, (all-reduce), clip, step."""
         weights = batch_info.importance_weights if batch_info is not None else None
@@ -161,6 +180,8 @@ class Learner:
             skip = self.finite_guard.observe(loss, loss_info, weights, self.num_updates)
             if (self.num_updates + 1) % self.finite_guard.check_interval == 0:
                 self.check_finite()  # a read due now comes before this update changes anything
+        diagnosed = self._diagnosed()
+        small = self._small_batch_gradient(loss_info.loss, weights) if diagnosed else None
         self.optimizer.zero_grad(set_to_none=True)
         self.amp.backward(loss)
         if allreduce:
@@ -168,13 +189,46 @@ class Learner:
         if self.dist.enabled:  # one rank's NaN reaches every rank through the all-reduce: all must skip together
             skip = torch.maximum(skip, non_finite_gradients(self.params))
         self.amp.unscale(self.optimizer)
+        if small is not None:  # the gradient noise scale: this update's gradient (all-reduced), before clipping
+            grads = [p.grad for p in self.params if p.grad is not None]
+            self.diagnostics.gns.update(small[0], squared_norm(grads), small[1], small[2])
         grad_norm = self.optimizer_config.clip(self.params)
         self.amp.step(self.optimizer, skip)  # a fused optimizer skips a non-finite update on the device
         self.algorithm.after_update()
         self.num_updates += 1
         self._last_loss = loss_info._replace(loss=loss.detach())
         self._last_grad_norm = grad_norm
+        if diagnosed:
+            self.diagnostics.measured()
         return loss_info
+
+    def _small_batch_gradient(self, per_sample: torch.Tensor,
+                              weights: torch.Tensor | None) -> tuple[torch.Tensor, float, int] | None:
+        """For the gradient noise scale: ``(|G_small|^2, B_small, B_big)``. The batch's sequences (``per_sample
+        [..., B]``) are split in two halves (the even and the odd ones); ``|G_small|^2`` is the mean of the squared
+        norms of the two halves' gradients (two extra backwards that leave ``.grad`` alone; the mean over halves, as
+        the paper's mean over devices, cancels the term of the small-batch estimate that grows with |G|),
+        ``B_small`` their size (the harmonic mean of the two), and ``B_big = B x world_size``: the update's gradient
+        is averaged over the ranks. ``None`` when not measured (a batch of one; no gradient noise scale summary)."""
+        if self.diagnostics.gns is None or per_sample.dim() == 0 or per_sample.shape[-1] < 2:
+            return None
+        params = [p for p in self.params if p.requires_grad]
+        scaler = self.amp.scaler  # scaled as the update's own backward (fp16's range), unscaled below
+        squares, inverse_sizes = [], []
+        for half in (slice(0, None, 2), slice(1, None, 2)):
+            loss = self._weighted_mean(per_sample[..., half], weights[half] if weights is not None else None)
+            if not loss.requires_grad or not params:
+                return None
+            grads = torch.autograd.grad(scaler.scale(loss), params, retain_graph=True, allow_unused=True)
+            grads = [g for g in grads if g is not None]
+            if not grads:
+                return None
+            squares.append(squared_norm(grads))
+            inverse_sizes.append(1.0 / per_sample[..., half].shape[-1])
+        small_sq = (squares[0] + squares[1]) * 0.5
+        if scaler.is_enabled():
+            small_sq = small_sq / scaler.scale(torch.ones((), device=small_sq.device)).float().square()
+        return small_sq, 2.0 / sum(inverse_sizes), per_sample.shape[-1] * self.dist.world_size
 
     def check_finite(self) -> None:
         """Raise ``NonFiniteLossError`` if an update since the last check had a non-finite loss, or the AMP error
@@ -211,19 +265,23 @@ class Learner:
 
     def summary(self) -> dict[str, float | torch.Tensor]:
         """TensorBoard scalars of the last update, by tag: ``loss/total``, ``loss/<term>`` (the named terms, computed
-        here, lazily), ``loss/grad_norm`` (with norm clipping), ``optimizer/lr.<group>`` and ``amp/<key>`` (when AMP is
-        enabled). Values may be 0-d tensors on the device: reading them is the writer's (host-syncing) business."""
+        here, lazily; ``debug/<x>`` for the algorithm's debug statistics), ``loss/grad_norm`` (with norm clipping),
+        ``optimizer/lr.<group>``, ``amp/<key>`` (when AMP is enabled), and the diagnostics' ``gns/...`` and
+        ``output/...`` (of the update they measured since the last summary). Values may be 0-d tensors on the device:
+        reading them is the writer's (host-syncing) business. Arms the diagnostics for the next summary."""
         out: dict[str, float | torch.Tensor] = {}
         if self._last_loss is not None:
             out["loss/total"] = self._last_loss.loss
             for name, value in loss_terms(self._last_loss).items():
-                out[f"loss/{name}"] = value
+                out[term_tag(name)] = value
             if self._last_grad_norm is not None:
                 out["loss/grad_norm"] = self._last_grad_norm
         for group in self.optimizer.param_groups:
             out[f"optimizer/lr.{group['name']}"] = group["lr"]
         for key, value in self.amp.summary().items():
             out[f"amp/{key}"] = value
+        if self.diagnostics is not None:
+            out.update(self.diagnostics.summary())
         return out
 
     # ------------------------------------------------------------------------------------------- checkpoints ----
@@ -238,6 +296,15 @@ class Learner:
         if "amp" in state:
             self.amp.load_state_dict(state["amp"])
         self.num_updates = int(state.get("num_updates", 0))
+
+
+def term_tag(name: str) -> str:
+    """The TensorBoard tag of a named loss term: ``loss/<name>``, except the debug statistics (``debug/<x>``, or
+    ``<part>/debug/<x>`` from a hybrid loss's parts), which go under ``debug/`` (``debug/<part>/<x>``)."""
+    head, found, tail = name.partition("debug/")
+    if found and (not head or head.endswith("/")):
+        return f"debug/{head}{tail}"
+    return f"loss/{name}"
 
 
 def non_finite_gradients(params: list[nn.Parameter]) -> torch.Tensor:

@@ -30,6 +30,7 @@ from alfish.envs.batched_env import create_environment, environment_settings
 from alfish.envs.spec import EnvSpec
 from alfish.learn.amp import AmpPolicy
 from alfish.learn.device import CPU, DevicePolicy
+from alfish.learn.diagnostics import Diagnostics
 from alfish.learn.distributed import DistContext, broadcast_object, init_distributed, log_job_totals
 from alfish.learn.host_memory import keep_freed_host_memory
 from alfish.learn.learner import Learner
@@ -44,10 +45,11 @@ from alfish.replay.storage import make_storage
 from alfish.replay.supervised_data import SupervisedData
 from alfish.schedulers import as_scheduler
 from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
+from alfish.trainer.async_evaluator import AsyncEvaluator, EvalSpec, gin_constants
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.disk import DiskWriteError, write_failure
-from alfish.trainer.evaluator import Evaluator
+from alfish.trainer.evaluator import Evaluator, EvaluatorPart
 from alfish.trainer.offline_parts import (
     build_offline_collector,
     build_offline_replay,
@@ -113,6 +115,7 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
               offline_steps: Optional[Steps] = None, supervised_data: Optional[SupervisedData] = None) -> Trainer:
     spec = collector.spec
     transformer, algorithm = build_policy(config, spec)
+    algorithm.debug_summaries = config.debug_summaries  # its calc_loss adds debug/... terms (summaries only)
     check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
     if offline_options is not None:
         check_offline_combinations(config, offline_options, algorithm.on_policy, type(algorithm).__name__)
@@ -144,8 +147,13 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
     summaries = NullSummaries()  # rank 0 alone writes files
     if dist.is_main:
         summaries = Summaries(config.root_dir, plan.summary_interval, config.summarize_first_interval,
-                              config.summaries_flush_secs, config.summary_max_queue)
-    evaluator = build_evaluator(config, seed, transformer) if config.evaluate and dist.is_main else None
+                              config.summaries_flush_secs, config.summary_max_queue,
+                              global_step=(lambda: learner.num_updates) if config.update_counter_every_mini_batch
+                              else None, interval_counts_global_step=config.num_summaries is None)
+    if config.summarize_gradient_noise_scale or config.summarize_output:  # measured inside the summarized updates
+        learner.diagnostics = Diagnostics(algorithm, config.summarize_gradient_noise_scale, config.summarize_output,
+                                          lambda update: summaries.due_for_update(counters.iteration + 1, update))
+    evaluator = build_evaluator(config, seed, transformer, spec) if config.evaluate and dist.is_main else None
     profiler = NullProfiler()
     if dist.is_main:
         profiler = record_code(config, options, summaries)
@@ -257,17 +265,25 @@ def build_training_step(config: TrainerConfig, collector: Collector, learner: Le
     return SampledReplayTraining(*args)
 
 
-def build_evaluator(config: TrainerConfig, seed: int, transformer: DataTransformer) -> Evaluator:
+def build_evaluator(config: TrainerConfig, seed: int, transformer: DataTransformer, spec: EnvSpec) -> EvaluatorPart:
     """Evaluation envs of their own (never the training instance), built under the gin scope ``eval``: bindings such
     as ``eval/create_environment.env_name = 'MySim-v0'`` evaluate a policy trained on hardware that can be opened
-    only once in a simulator instead (or set ``TrainerConfig.evaluate = False`` and evaluate with play)."""
-    if config.async_eval:
-        logging.info("async_eval=True: asynchronous evaluation is not built yet; evaluating synchronously")
+    only once in a simulator instead (or set ``TrainerConfig.evaluate = False`` and evaluate with play).
+    ``async_eval``: the envs and a policy copy (built from the training ``spec``, acting on
+    ``DevicePolicy.rollout_device``) live in a child process; else here, acting with the algorithm itself."""
     eval_seed = seed + EVAL_SEED_OFFSET
+    if config.async_eval:
+        with gin.config_scope("eval"):  # read here, so the operative config records them; the child builds the envs
+            settings = environment_settings(num_parallel_environments=config.num_eval_environments, seed=eval_seed)
+        eval_spec = EvalSpec(env_settings=settings, env_spec=spec, config_text=gin.config_str(),
+                             root_dir=config.root_dir, gin_constants=gin_constants(),
+                             num_episodes=config.num_eval_episodes, epsilon_greedy=config.epsilon_greedy,
+                             seed=eval_seed, uncertainty=config.eval_uncertainty, parent_pid=os.getpid())
+        return AsyncEvaluator(eval_spec, transformer, stall_timeout_s=settings.step_timeout_s)
     with gin.config_scope("eval"):
         env = create_environment(num_parallel_environments=config.num_eval_environments, seed=eval_seed)
     return Evaluator(env, config.num_eval_episodes, config.epsilon_greedy, seed=eval_seed,
-                     transform=transformer.rollout_view(update_stats=False))
+                     transform=transformer.rollout_view(update_stats=False), uncertainty=config.eval_uncertainty)
 
 
 def _choose_seed(config: TrainerConfig, resume_from: Optional[LoadedCheckpoint]) -> int:

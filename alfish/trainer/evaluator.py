@@ -1,4 +1,18 @@
-"""Synchronous evaluation of the greedy (or epsilon-greedy) policy on separate environments."""
+"""Evaluation of the greedy (or epsilon-greedy) policy on separate environments, and how a result is recorded.
+
+``Evaluator`` runs the episodes in this process (``TrainerConfig.async_eval=False``); ``AsyncEvaluator``
+(``alfish.trainer.async_evaluator``) runs the same ``Evaluator`` in a child process on a copy of the parameters. The
+Trainer sees either through the same three calls (``EvaluatorPart``): ``record`` when an evaluation is due, ``wait``
+at the end of a run, ``close``. Both record a result the same way (``write_evaluation``): TensorBoard ``eval/...`` at
+the evaluated iteration, ``eval_vs_env_steps/average_return`` at its env steps, one line of ``eval_log.jsonl``.
+
+With ``TrainerConfig.eval_uncertainty`` a result also has the spread of the episode returns (``return_std``,
+``return_min``, ``return_max``; the std over episodes, ``ddof=0``) and, for an algorithm with an ensemble of critics
+``algorithm.critics`` (``(obs, action) -> [E, N, 1]``: SAC, TD3/DDPG, IQL), the critics' estimates of the evaluation's
+own state-action pairs: ``critic_mean`` (mean over the counted steps of the ensemble mean) and, with ``E >= 2``
+members, ``critic_std`` (mean over the counted steps of the std across members, ``ddof=0``). Algorithms without such
+an ensemble (PPO, A2C, DQN, BC) record the return spread only.
+"""
 from __future__ import annotations
 
 import json
@@ -6,9 +20,10 @@ import logging
 import math
 import os
 import time
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 import torch
+from torch import nn
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.unroller import to_device
@@ -17,11 +32,41 @@ from alfish.envs.batched_env import BatchedEnv
 from alfish.learn.device import CPU
 from alfish.seeding import reseed
 
+#: The ``eval_uncertainty`` fields of a result, in the order they are recorded.
+UNCERTAINTY_FIELDS = ("return_std", "return_min", "return_max", "critic_mean", "critic_std")
+
 
 class EvalResult(NamedTuple):
     average_return: float
     average_length: float
     num_episodes: int
+    # eval_uncertainty only (None otherwise, and critic_* None for an algorithm without a critic ensemble):
+    return_std: Optional[float] = None
+    return_min: Optional[float] = None
+    return_max: Optional[float] = None
+    critic_mean: Optional[float] = None
+    critic_std: Optional[float] = None
+
+    def uncertainty(self) -> dict[str, float]:
+        """The ``eval_uncertainty`` fields that have a value."""
+        return {name: getattr(self, name) for name in UNCERTAINTY_FIELDS if getattr(self, name) is not None}
+
+
+class EvaluatorPart(Protocol):
+    """What the Trainer calls on its evaluator, synchronous or not (DESIGN.md §3.11)."""
+
+    #: Evaluations so far: the k-th resets its envs with ``reseed(eval seed, k)``; set on resume to continue the
+    #: sequence (``iteration // eval_interval``).
+    num_evaluations: int
+
+    def record(self, algorithm: Algorithm, summaries: Any, root_dir: str, counters: Any) -> None:
+        """Evaluate the current parameters and record the result against ``counters``' iteration and env steps."""
+
+    def wait(self) -> None:
+        """Return once every evaluation asked for is recorded (raises what went wrong on the way)."""
+
+    def close(self) -> None:
+        """Release the eval envs (and processes); never raises."""
 
 
 class Evaluator:
@@ -30,10 +75,12 @@ class Evaluator:
     Counting is unbiased towards short episodes: each env contributes exactly its first ``ceil(num_episodes / B)``
     episodes, so the result averages ``B * ceil(num_episodes / B)`` episodes. Each evaluation resets the envs with a
     new seed (``reseed(seed, k)`` for the k-th evaluation): reproducible, but not always the same start states.
+    ``uncertainty``: also measure the spread of returns and of the critic ensemble's estimates (module docstring).
     """
 
     def __init__(self, env: BatchedEnv, num_episodes: int, epsilon_greedy: float, seed: int = 0,
-                 max_steps: int = 1_000_000, transform: Optional[Callable[[TimeStep], TimeStep]] = None):
+                 max_steps: int = 1_000_000, transform: Optional[Callable[[TimeStep], TimeStep]] = None,
+                 uncertainty: bool = False):
         self.env = env
         self.transform = transform or (lambda time_step: time_step)  # data transformers, statistics frozen
         self.seed = seed
@@ -41,6 +88,7 @@ class Evaluator:
         self.per_env = math.ceil(num_episodes / env.num_envs)
         self.epsilon_greedy = epsilon_greedy
         self.max_steps = max_steps
+        self.uncertainty = uncertainty
 
     @torch.inference_mode()
     def evaluate(self, algorithm: Algorithm) -> EvalResult:
@@ -48,6 +96,7 @@ class Evaluator:
         algorithm.eval()
         n = self.env.num_envs
         device = next(iter(algorithm.parameters())).device  # the evaluator acts where the algorithm trains
+        critics = CriticSpread(algorithm) if self.uncertainty and has_critic_ensemble(algorithm) else None
         done = torch.zeros(n, dtype=torch.int64)
         ret = torch.zeros(n, dtype=torch.float64)
         length = torch.zeros(n, dtype=torch.int64)
@@ -58,7 +107,11 @@ class Evaluator:
             if bool((done >= self.per_env).all()):
                 break
             seen = self.transform(to_device(time_step, device))  # to the policy's device and back: once per step each
-            action = to_device(algorithm.predict_step(seen, epsilon_greedy=self.epsilon_greedy).output, CPU)
+            action_here = algorithm.predict_step(seen, epsilon_greedy=self.epsilon_greedy).output
+            if critics is not None:  # the pairs whose transition is counted below: envs still counting, not at LAST
+                critics.observe(seen.observation, action_here, (done < self.per_env) & (time_step.step_type !=
+                                                                                         StepType.LAST))
+            action = to_device(action_here, CPU)
             time_step = self.env.step(action)
             counting = (done < self.per_env) & (time_step.step_type != StepType.FIRST)
             ret += torch.where(counting, time_step.reward.double(), 0.0)
@@ -73,25 +126,85 @@ class Evaluator:
             raise RuntimeError(f"evaluation did not finish {self.per_env} episodes per env within {self.max_steps} "
                                "steps; does the env ever end an episode (add a TimeLimit)?")
         algorithm.train(was_training)
-        return EvalResult(sum(returns) / len(returns), sum(lengths) / len(lengths), len(returns))
+        average = sum(returns) / len(returns)
+        result = EvalResult(average, sum(lengths) / len(lengths), len(returns))
+        if self.uncertainty:
+            spread = math.sqrt(sum((r - average) ** 2 for r in returns) / len(returns))
+            result = result._replace(return_std=spread, return_min=min(returns), return_max=max(returns),
+                                     **(critics.result() if critics is not None else {}))
+        return result
+
+    # --- the Trainer's part (EvaluatorPart): evaluate now, record at once ---------------------------------------------
+    def record(self, algorithm: Algorithm, summaries: Any, root_dir: str, counters: Any) -> None:
+        """Evaluate in this process (training waits), then ``write_evaluation``. ``counters``: the trainer's
+        (``iteration``, ``env_steps``, ``elapsed_s()``)."""
+        start = time.monotonic()
+        result = self.evaluate(algorithm)
+        write_evaluation(result, summaries, root_dir, counters.iteration, counters.env_steps, counters.elapsed_s(),
+                         time.monotonic() - start)
+
+    def wait(self) -> None:
+        """Nothing is ever in flight here."""
+
+    def close(self) -> None:
+        self.env.close()
 
 
-def record_evaluation(evaluator: Evaluator, algorithm: Algorithm, summaries: Any, root_dir: str, counters: Any) -> None:
-    """Evaluate, then write the result to TensorBoard (``eval/``), one line to ``root_dir/eval_log.jsonl`` and the log.
+def has_critic_ensemble(algorithm: nn.Module) -> bool:
+    """True for a continuous-action algorithm with ``critics``, an ensemble ``(obs, action) -> [E, N, 1]``."""
+    return isinstance(getattr(algorithm, "critics", None), nn.Module) and not getattr(algorithm, "discrete", True)
 
-    ``counters``: the trainer's (``iteration``, ``env_steps``, ``elapsed_s()``).
-    """
-    start = time.monotonic()
-    result = evaluator.evaluate(algorithm)
-    it, env_steps = counters.iteration, counters.env_steps
+
+class CriticSpread:
+    """Accumulates the critic ensemble's estimates ``Q_e(s, a)`` of evaluation steps: their ensemble mean and std
+    (``ddof=0``), each summed over the counted steps (float64, on the host)."""
+
+    def __init__(self, algorithm: Any):
+        self.algorithm = algorithm
+        self.mean_sum = self.std_sum = 0.0
+        self.count = 0
+        self.members = 0
+
+    def observe(self, observation: Any, action: torch.Tensor, counted: torch.Tensor) -> None:
+        alg = self.algorithm
+        q = alg.critics(alg.network_input(observation), alg.unscale_action(action.float()))
+        if q.dim() != 3 or q.shape[-1] != 1 or q.shape[1] != counted.shape[0]:
+            raise ValueError(f"{type(alg).__name__}.critics returned shape {list(q.shape)}; eval_uncertainty expects "
+                             f"[ensemble, {counted.shape[0]}, 1]")
+        q = q.squeeze(-1).to(CPU, torch.float64)  # [E, B]
+        self.members = q.shape[0]
+        self.mean_sum += float(q.mean(0)[counted].sum())
+        self.std_sum += float(q.std(0, correction=0)[counted].sum())
+        self.count += int(counted.sum())
+
+    def result(self) -> dict[str, float]:
+        if self.count == 0:
+            return {}
+        out = dict(critic_mean=self.mean_sum / self.count)
+        if self.members >= 2:
+            out["critic_std"] = self.std_sum / self.count
+        return out
+
+
+def write_evaluation(result: EvalResult, summaries: Any, root_dir: str, iteration: int, env_steps: int,
+                     elapsed_s: float, eval_s: float, asynchronous: bool = False) -> None:
+    """Write ``result`` to TensorBoard (``eval/`` at ``iteration``, ``eval_vs_env_steps/average_return`` at
+    ``env_steps``), one line to ``root_dir/eval_log.jsonl`` and the log. ``asynchronous``: the result comes from the
+    async evaluator (the record says so, ``"asynchronous": true``; ``elapsed_s`` is then the run's wall-clock when the
+    evaluated parameters were sent)."""
+    uncertainty = result.uncertainty()
     summaries.scalars("eval", dict(average_return=result.average_return,
-                                   average_episode_length=result.average_length, num_episodes=result.num_episodes), it)
+                                   average_episode_length=result.average_length, num_episodes=result.num_episodes,
+                                   **uncertainty), iteration)
     summaries.scalar("eval_vs_env_steps/average_return", result.average_return, env_steps)
-    seconds = time.monotonic() - start
-    record = dict(iteration=it, env_steps=env_steps, elapsed_s=round(counters.elapsed_s(), 3), eval_s=round(seconds, 3),
+    record = dict(iteration=iteration, env_steps=env_steps, elapsed_s=round(elapsed_s, 3), eval_s=round(eval_s, 3),
                   average_return=result.average_return, average_episode_length=result.average_length,
-                  num_episodes=result.num_episodes)
+                  num_episodes=result.num_episodes, **uncertainty)
+    if asynchronous:
+        record["asynchronous"] = True
     with open(os.path.join(root_dir, "eval_log.jsonl"), "a") as f:
         f.write(json.dumps(record) + "\n")
-    logging.info("eval at iteration %d (env steps %d): return %.2f, length %.1f over %d episodes (%.1fs)", it,
-                 env_steps, result.average_return, result.average_length, result.num_episodes, seconds)
+    spread = "".join(f", {name.replace('_', ' ')} {value:.3g}" for name, value in uncertainty.items())
+    logging.info("eval at iteration %d (env steps %d): return %.2f, length %.1f over %d episodes%s (%.1fs%s)",
+                 iteration, env_steps, result.average_return, result.average_length, result.num_episodes, spread,
+                 eval_s, ", asynchronous" if asynchronous else "")

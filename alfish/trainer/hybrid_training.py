@@ -95,6 +95,7 @@ class HybridTraining(TrainingStep):
 
     def _update(self, rl_due: bool) -> None:
         batch, info = self._batch(self.offline)
+        self.last_actions = batch.action, batch.step_type
         if not rl_due:
             loss_info = self.learner.update(batch, info)
             self.offline.update_priorities(info, loss_info.priority)
@@ -105,6 +106,7 @@ class HybridTraining(TrainingStep):
                          positions=torch.cat([info.positions, rl_info.positions]),
                          importance_weights=_cat_weights(info, rl_info))
         loss_info = self.learner.update(batch, both, rl_batch=rl_batch)
+        self.last_actions = rl_batch.action, rl_batch.step_type  # the online batch: rollout actions
         if isinstance(loss_info.priority, torch.Tensor):
             n = self.mini_batch_size
             self.offline.update_priorities(info, loss_info.priority[:n])

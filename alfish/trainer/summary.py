@@ -15,7 +15,7 @@ import math
 import os
 import threading
 import time
-from typing import Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
 
 import torch
 from tensorboard.summary.writer import event_file_writer
@@ -23,6 +23,9 @@ from torch.utils.tensorboard import SummaryWriter
 
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.trainer.disk import DiskWriteError, write_failure
+
+#: A histogram's values, or ``(values, bins)`` (``bins`` as ``np.histogram`` takes them; default TensorBoard's).
+HistogramValues = Union[torch.Tensor, tuple[torch.Tensor, Any]]
 
 # TensorBoard's event writer thread (a private class; if a TensorBoard release renames it, its errors are printed
 # again, nothing else changes).
@@ -50,15 +53,24 @@ def _quiet_writer_threads() -> None:
 
 
 class Summaries:
-    """Decides when a summary is due and writes scalars.
+    """Decides when a summary is due and writes scalars and histograms.
 
     interval: iterations between summaries; first_interval: also summarize every iteration before the first
     ``interval`` (ALF's ``summarize_first_interval``).
+    global_step: ALF's global counter when it is not the iteration (``TrainerConfig.update_counter_every_mini_batch``:
+    the learner's update count): summaries are then written with it as their step (``step``), and with
+    ``interval_counts_global_step`` the interval counts it too: a summary is due after each iteration in which it
+    reached a multiple of ``interval`` (and, with ``first_interval``, after every iteration that advanced it before
+    the first ``interval``). Summaries are still written between iterations.
     """
 
-    def __init__(self, root_dir: str, interval: int, first_interval: bool, flush_secs: float, max_queue: int):
+    def __init__(self, root_dir: str, interval: int, first_interval: bool, flush_secs: float, max_queue: int,
+                 global_step: Optional[Callable[[], int]] = None, interval_counts_global_step: bool = True):
         self.interval = interval
         self.first_interval = first_interval
+        self.global_step = global_step
+        self._by_global_step = global_step is not None and interval_counts_global_step
+        self._checked_step = 0  # the global step at the last is_due
         self.log_dir = os.path.join(root_dir, "tb")
         _quiet_writer_threads()
         with self._disk_errors():
@@ -73,8 +85,44 @@ class Summaries:
             raise DiskWriteError(write_failure("TensorBoard events in", self.log_dir, e)) from e
 
     def is_due(self, iteration: int) -> bool:
-        """``iteration`` counts completed iterations (1 after the first)."""
-        return iteration % self.interval == 0 or (self.first_interval and iteration < self.interval)
+        """Whether to write a summary now, after the ``iteration``-th iteration (1 after the first). Called once per
+        iteration: counting the global step, it remembers the step it saw."""
+        if not self._by_global_step:
+            return self._due_at(iteration)
+        step, before = self.global_step(), self._checked_step
+        self._checked_step = step
+        crossed = step // self.interval > before // self.interval  # an update of this iteration was a multiple
+        first = self.first_interval and step > before and before + 1 < self.interval  # one was before the first
+        return crossed or first
+
+    def _due_at(self, count: int) -> bool:
+        return count % self.interval == 0 or (self.first_interval and count < self.interval)
+
+    def due_for_update(self, iteration: int, update: int) -> bool:
+        """Whether the ``update``-th optimizer step (1-based), made during the ``iteration``-th iteration, falls in a
+        summarized iteration (a pure test: what the learner's summary-only measurements ask before each update)."""
+        return self._due_at(update) if self._by_global_step else self._due_at(iteration)
+
+    def step(self, iteration: int) -> int:
+        """The step summaries are written with after the ``iteration``-th iteration: the iteration, or the global
+        step."""
+        return iteration if self.global_step is None else self.global_step()
+
+    def histogram(self, tag: str, values: torch.Tensor, step: int, bins: Any = "tensorflow") -> None:
+        """A TensorBoard histogram of ``values`` (any shape; read to the host here). Non-finite values (an fp16
+        update's overflowed gradients) are left out; empty histograms are skipped."""
+        values = values.detach().float().cpu().reshape(-1)
+        values = values[torch.isfinite(values)]
+        if values.numel() == 0:
+            return
+        with self._disk_errors():
+            self.writer.add_histogram(tag, values, step, bins=bins)
+
+    def histograms(self, values: Mapping[str, HistogramValues], step: int) -> None:
+        """Histograms by their full tag (``vars/<name>``, ``action/dim0``, ...)."""
+        for tag, value in values.items():
+            tensor, bins = value if isinstance(value, tuple) else (value, "tensorflow")
+            self.histogram(tag, tensor, step, bins)
 
     def scalar(self, tag: str, value: float | torch.Tensor, step: int) -> None:
         if isinstance(value, torch.Tensor):
@@ -115,6 +163,18 @@ class NullSummaries:
 
     def is_due(self, iteration: int) -> bool:
         return False
+
+    def due_for_update(self, iteration: int, update: int) -> bool:
+        return False
+
+    def step(self, iteration: int) -> int:
+        return iteration
+
+    def histogram(self, tag: str, values: torch.Tensor, step: int, bins: Any = "tensorflow") -> None:
+        pass
+
+    def histograms(self, values: Mapping[str, HistogramValues], step: int) -> None:
+        pass
 
     def scalar(self, tag: str, value: float | torch.Tensor, step: int) -> None:
         pass
@@ -164,3 +224,38 @@ def parameter_norms(module: torch.nn.Module) -> dict[str, torch.Tensor]:
         if p.grad is not None:
             norms[f"grads/{name}.norm"] = p.grad.norm()
     return norms
+
+
+def parameter_histograms(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``vars/<name>``: the values of every parameter, ``grads/<name>``: its gradient (the last update's, as it was
+    stepped: after clipping), for ``Summaries.histograms``."""
+    values = {}
+    for name, p in module.named_parameters():
+        values[f"vars/{name}"] = p.detach()
+        if p.grad is not None:
+            values[f"grads/{name}"] = p.grad.detach()
+    return values
+
+
+def action_distributions(actions: Optional[torch.Tensor], algorithm: torch.nn.Module
+                         ) -> tuple[dict[str, torch.Tensor], dict[str, HistogramValues]]:
+    """``(scalars, histograms)`` of ``actions [N, *action_shape]`` (``TrainingStep.taken_actions``). Box actions: per
+    action dim ``i`` (the flattened action shape) the histogram ``action/dim<i>`` and the scalars ``action/dim<i>.mean``
+    and ``action/dim<i>.std``. Discrete actions (``algorithm.discrete``): the histogram ``action/discrete`` with one
+    bin per action and the scalars ``action/frequency.<k>``, the share of each action ``k``. Empty without actions."""
+    if actions is None or actions.numel() == 0:
+        return {}, {}
+    if getattr(algorithm, "discrete", False):
+        num_actions = int(algorithm.num_actions)
+        index = actions.detach().reshape(-1).long()
+        counts = torch.bincount(index.clamp(0, num_actions - 1), minlength=num_actions).float()
+        shares = counts / counts.sum()
+        scalars = {f"action/frequency.{k}": shares[k] for k in range(num_actions)}
+        return scalars, {"action/discrete": (index, [k - 0.5 for k in range(num_actions + 1)])}
+    flat = actions.detach().float().reshape(actions.shape[0], -1)  # [N, action_dim]
+    scalars, histograms = {}, {}
+    for i in range(flat.shape[1]):
+        scalars[f"action/dim{i}.mean"] = flat[:, i].mean()
+        scalars[f"action/dim{i}.std"] = flat[:, i].std(correction=0)
+        histograms[f"action/dim{i}"] = flat[:, i]
+    return scalars, histograms

@@ -30,13 +30,21 @@ from alfish.seeding import reseed
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.disk import DiskWriteError, disk_error_in
-from alfish.trainer.evaluator import Evaluator, record_evaluation
+from alfish.trainer.evaluator import EvaluatorPart
 from alfish.trainer.options import RunOptions
 from alfish.trainer.profiler import NullProfiler
 from alfish.trainer.progress import Progress
 from alfish.trainer.resume import checkpoint_contents, restore
 from alfish.trainer.signals import SignalRequests, confirm_checkpoint_on_crash
-from alfish.trainer.summary import NullSummaries, Summaries, Throughput, episode_scalars, parameter_norms
+from alfish.trainer.summary import (
+    NullSummaries,
+    Summaries,
+    Throughput,
+    action_distributions,
+    episode_scalars,
+    parameter_histograms,
+    parameter_norms,
+)
 from alfish.trainer.training import TrainingStep
 from alfish.transforms.base import DataTransformer
 
@@ -56,7 +64,7 @@ class Trainer:
     training: TrainingStep  # what one iteration does with the three above
     algorithm: Algorithm
     transformer: DataTransformer
-    evaluator: Optional[Evaluator]
+    evaluator: Optional[EvaluatorPart]  # sync or async (build_evaluator chooses)
     summaries: Summaries | NullSummaries
     checkpointer: Checkpointer
     seed: int
@@ -136,6 +144,8 @@ class Trainer:
             self._evaluate()
         if self.config.num_checkpoints > 0 and not self.plan.checkpoint_due(it):
             self.save_checkpoint()
+        if self.evaluator is not None:
+            self.evaluator.wait()  # an asynchronous evaluation still running (the final one) is recorded before exit
         self.summaries.flush()  # a failed event write surfaces here, not lost in the writer's thread
         shutdown(self.dist, synchronize=True)  # every rank is done: no collective is left in flight
 
@@ -143,9 +153,9 @@ class Trainer:
         """Stop the collector (and its child), close the envs and the summary writer; leave the process group."""
         self.profiler.close()  # (a run that ends inside the profiling window writes what it recorded)
         self.collector.close()
-        self.summaries.close()
         if self.evaluator is not None:
-            self.evaluator.env.close()
+            self.evaluator.close()  # (before the summaries: an async evaluator records results from its thread)
+        self.summaries.close()
         shutdown(self.dist)
 
     # ------------------------------------------------------------------------------------------ every iteration ----
@@ -198,15 +208,21 @@ class Trainer:
                    **self.throughput.rates(c.env_steps, it),
                    **{f"schedule/{name}": value for name, value in scheduler_summaries().items()},
                    "train/env_steps": c.env_steps, "train/num_episodes": stats.num_episodes}
+        step = self.summaries.step(it)  # the iteration, or the update count (update_counter_every_mini_batch)
         if self.config.summarize_grads_and_vars:
             scalars.update(parameter_norms(self.algorithm))
-        self.summaries.write(scalars, it)
+            self.summaries.histograms(parameter_histograms(self.algorithm), step)
+        if self.config.summarize_action_distributions:
+            action_scalars, action_histograms = action_distributions(self.training.taken_actions(), self.algorithm)
+            scalars.update(action_scalars)
+            self.summaries.histograms(action_histograms, step)
+        self.summaries.write(scalars, step)
         if "train/episode_return" in scalars:
             self.summaries.scalar("train_vs_env_steps/episode_return", scalars["train/episode_return"], c.env_steps)
 
     def _evaluate(self) -> None:
         self.learner.check_finite()  # a policy with a non-finite update behind it is not worth scoring
-        record_evaluation(self.evaluator, self.algorithm, self.summaries, self.config.root_dir, self.counters)
+        self.evaluator.record(self.algorithm, self.summaries, self.config.root_dir, self.counters)
 
     def save_checkpoint(self) -> Optional[str]:
         """Write a checkpoint (rank 0 only; the ranks hold the same model). Returns its path."""

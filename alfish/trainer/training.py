@@ -14,8 +14,11 @@ import math
 import time
 from typing import Optional
 
+import torch
+
 from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
+from alfish.data.types import StepType
 from alfish.learn.distributed import merge_statistics_across_ranks
 from alfish.learn.learner import Learner
 from alfish.replay.batching import WholeBufferBatches, to_time_major
@@ -25,11 +28,19 @@ from alfish.transforms.base import DataTransformer
 
 
 class TrainingStep:
-    """One iteration's collection and training; ``timing`` holds the last iteration's seconds of each."""
+    """One iteration's collection and training; ``timing`` holds the last iteration's seconds of each.
+
+    ``last_actions`` are the actions and step types of the experience last trained on (references, kept for the
+    action summaries: no copy, no op; not the observations, which may be large); their last row only bootstraps when
+    ``last_row_bootstraps`` (the on-policy unroll).
+    """
+
+    last_row_bootstraps = False
 
     def __init__(self, collector: Collector, learner: Learner, algorithm: Algorithm):
         self.collector, self.learner, self.algorithm = collector, learner, algorithm
         self.timing = dict(unroll_s=0.0, train_s=0.0)
+        self.last_actions: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (action, step_type)
 
     def steps_before_training(self, counters: Counters) -> int:
         """Steps per env to collect before the first iteration (the warm-up), given what ``counters`` say was done."""
@@ -49,22 +60,41 @@ class TrainingStep:
     def summary(self) -> dict[str, float]:
         return {f"time/{name}": seconds for name, seconds in self.timing.items()}
 
+    def taken_actions(self) -> Optional[torch.Tensor]:
+        """The actions ``[N, *action_shape]`` of ``last_actions`` for ``TrainerConfig.summarize_action_distributions``:
+        this iteration's rollout for on-policy (the unroll, without its bootstrap row) and whole-buffer training (the
+        buffer); rollout actions sampled from replay for sampled training (the last mini-batch: the async unroll's
+        steps reach the trainer only through the buffer); with hybrid training the last online batch if the RL part
+        trained, else the offline data's. The placeholders stored at LAST steps (ignored by the env) are left out.
+        Reads the step types on the host: call it when a summary is due. ``None`` before any training."""
+        if self.last_actions is None or not isinstance(self.last_actions[0], torch.Tensor):
+            return None
+        action, step_type = self.last_actions
+        if self.last_row_bootstraps:
+            action, step_type = action[:-1], step_type[:-1]
+        taken = (step_type != StepType.LAST).reshape(-1)
+        return action.detach().reshape((taken.shape[0],) + tuple(action.shape[step_type.dim():]))[taken]
+
 
 class OnPolicyTraining(TrainingStep):
     """Trains on the trajectory ``[T + 1, B]`` just unrolled, with gradients; no replay."""
+
+    last_row_bootstraps = True
 
     def __init__(self, collector: Collector, learner: Learner, algorithm: Algorithm, transformer: DataTransformer):
         super().__init__(collector, learner, algorithm)
         self.transformer = transformer
 
     def _collect_and_train(self, steps_per_env: int) -> int:
-        start = time.monotonic()
-        trajectory = self.collector.collect_trajectory(steps_per_env)
-        self.timing["unroll_s"] = time.monotonic() - start
-        merge_statistics_across_ranks(self.transformer, self.learner.dist)
-        with self.learner.loss_context():
-            loss_info = self.algorithm.calc_loss(trajectory, None)
+        with self.learner.capturing_outputs():  # the unroll is the update's forward (hooks on diagnosed updates)
+            start = time.monotonic()
+            trajectory = self.collector.collect_trajectory(steps_per_env)
+            self.timing["unroll_s"] = time.monotonic() - start
+            merge_statistics_across_ranks(self.transformer, self.learner.dist)
+            with self.learner.loss_context():
+                loss_info = self.algorithm.calc_loss(trajectory, None)
         self.learner.apply(loss_info)
+        self.last_actions = trajectory.action, trajectory.step_type
         return steps_per_env
 
 
@@ -132,6 +162,7 @@ class SampledReplayTraining(ReplayTraining):
             batch = self.transformer.transform_experience(to_time_major(raw))
             loss_info = self.learner.update(batch, on_device)
             self.replay.update_priorities(batch_info, loss_info.priority)
+            self.last_actions = batch.action, batch.step_type
 
 
 class WholeBufferTraining(ReplayTraining):
@@ -151,5 +182,6 @@ class WholeBufferTraining(ReplayTraining):
         for _ in range(self.num_updates):
             for batch in batches.epoch():
                 self.learner.update(batch)
+        self.last_actions = exp.action, exp.step_type  # this iteration's rollout (batch-major [B, T])
         if self.clear:
             self.replay.clear(keep_last=1)

@@ -143,10 +143,11 @@ def test_async_unroll_with_unroll_length_zero_counts_iterations():
     assert config.expected_num_iterations(4) == 50
 
 
-def test_ml_type_other_than_rl_raises():
-    assert error_of(ml_type='sl') == (
-        "TrainerConfig.ml_type='sl' is not supported yet in alfish (only reinforcement learning is built); "
-        "remove it from the conf or set it to 'rl'")
+def test_ml_type_is_rl_or_sl():
+    assert error_of(ml_type='gan') == ("TrainerConfig.ml_type='gan' must be 'rl' (reinforcement learning) or 'sl' "
+                                       "(supervised learning)")
+    assert error_of(ml_type='sl').startswith("TrainerConfig.ml_type='sl' trains a model on SupervisedData with no env")
+    assert make(ml_type='sl', evaluate=False).ml_type == "sl"
 
 
 def test_temporally_dependent_train_step_raises():

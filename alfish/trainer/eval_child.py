@@ -1,0 +1,251 @@
+"""The async evaluator's child process: builds the evaluation envs and a copy of the policy, then evaluates each set
+of parameters the trainer publishes, one at a time, with the same ``Evaluator`` as synchronous evaluation.
+
+Everything here runs in the child (started with ``spawn``); ``eval_child_main`` is its entry point. The trainer's
+side is ``alfish.trainer.async_evaluator``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import queue
+import signal
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+import torch
+
+from alfish.collect.shared_params import POLL_S, ParamBlock, SharedParams, rollout_state
+from alfish.envs.batched_env import EnvSettings
+from alfish.envs.spec import EnvSpec
+
+
+@dataclasses.dataclass
+class EvalSpec:
+    """Everything the child needs, picklable.
+
+    env_settings: the evaluation envs (read under gin's ``eval`` scope, seeded with the evaluation seed).
+    env_spec: the training envs' spec: the policy copy is built from it, as the trainer built its own.
+    config_text: the gin config (parsed in the child for the algorithm, the data transformers, ``DevicePolicy``).
+    gin_constants: the ``gin.constant`` values registered here (``gin_constants()``): the text names them only.
+    seed: the evaluation seed; the k-th evaluation resets its envs with ``reseed(seed, k)``.
+    uncertainty: ``TrainerConfig.eval_uncertainty`` (the critics are shipped and evaluated too).
+    """
+
+    env_settings: EnvSettings
+    env_spec: EnvSpec
+    config_text: str
+    root_dir: str
+    gin_constants: dict[str, Any]
+    num_episodes: int
+    epsilon_greedy: float
+    seed: int
+    uncertainty: bool
+    parent_pid: int
+
+
+class EvalShared(SharedParams):
+    """The version and lock of the parameter block, plus the request that goes with each version (``progress``:
+    iteration, env steps, the run's elapsed seconds, the evaluation's index k), the child's readiness and a heartbeat
+    (env steps it took; the trainer calls an evaluation hung when it stops moving)."""
+
+    def __init__(self, ctx: Any):
+        super().__init__(ctx)
+        self.progress = ctx.RawArray("d", 4)
+        self.ready = ctx.RawValue("b", 0)
+        self.heartbeat = ctx.RawValue("q", 0)
+
+
+def eval_state(algorithm: torch.nn.Module, transformer: torch.nn.Module, uncertainty: bool) -> dict[str, torch.Tensor]:
+    """The tensors an evaluation needs, by name: the rollout policy's (``rollout_state``), plus the critic ensemble's
+    with ``uncertainty``."""
+    state = rollout_state(algorithm, transformer)
+    if uncertainty and getattr(algorithm, "rollout_module_names", None) is not None:
+        for key, value in algorithm.state_dict().items():
+            if key.startswith("critics."):
+                state["algorithm." + key] = value
+    return state
+
+
+class _Heartbeat:
+    """The env, counting its resets and steps into the shared heartbeat."""
+
+    def __init__(self, env: Any, counter: Any):
+        self.env, self.counter = env, counter
+        self.num_envs = env.num_envs
+
+    def reset(self, **kwargs: Any) -> Any:
+        self.counter.value += 1
+        return self.env.reset(**kwargs)
+
+    def step(self, action: torch.Tensor) -> Any:
+        self.counter.value += 1
+        return self.env.step(action)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def eval_child_main(spec: EvalSpec, shared: EvalShared, results: Any, errors: Any, commands: Any, stop: Any) -> None:
+    """Build the eval envs and the policy copy, say so (``shared.ready``), attach to the parameter block when the
+    trainer names it, then evaluate every new version until told to stop (``stop.value``) or the trainer is gone.
+    Every exception goes to the trainer with its traceback."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it then stops us
+    env = block = None
+    phase = "startup"
+    try:
+        torch.set_num_threads(1)
+        parent_alive = _parent_watch(spec.parent_pid)
+        config = _parse_config(spec)
+        import gin
+
+        from alfish.algorithms.build import build_policy
+        from alfish.learn.device import DevicePolicy
+        from alfish.trainer.evaluator import Evaluator
+
+        with gin.config_scope("eval"):
+            env = spec.env_settings.create()
+        device = DevicePolicy().acting_device()  # the CPU unless DevicePolicy.rollout_device says otherwise
+        transformer, algorithm = build_policy(config, spec.env_spec)
+        algorithm.to(device), transformer.to(device)
+        tensors = eval_state(algorithm, transformer, spec.uncertainty)
+        evaluator = Evaluator(_Heartbeat(env, shared.heartbeat), spec.num_episodes, spec.epsilon_greedy,
+                              seed=spec.seed, transform=transformer.rollout_view(update_stats=False),
+                              uncertainty=spec.uncertainty)
+        shared.ready.value = 1
+        phase = "evaluation"
+        name = _wait_for_block(commands, stop, parent_alive)
+        if name is not None:
+            block = ParamBlock(shared, tensors, name=name)
+            _serve(evaluator, algorithm, block, tensors, spec.seed, results, commands, stop, parent_alive)
+    except BaseException as err:  # noqa: BLE001  (everything, including KeyboardInterrupt, goes to the parent)
+        errors.put((phase, _portable(err), traceback.format_exc()))
+        exit_code = 1
+    else:
+        exit_code = 0
+    results.cancel_join_thread()  # never block exit on a queue nobody reads any more
+    for resource in (env, block):
+        if resource is not None:
+            try:
+                resource.close()
+            except Exception:  # noqa: BLE001  (exiting anyway)
+                pass
+    errors.close()
+    errors.join_thread()  # the traceback must reach the pipe before we exit
+    os._exit(exit_code)  # no interpreter teardown (C++ thread pools torn down at exit can abort), as the unroll child
+
+
+def _serve(evaluator: Any, algorithm: torch.nn.Module, block: ParamBlock, tensors: dict[str, torch.Tensor],
+           seed: int, results: Any, commands: Any, stop: Any, parent_alive: Callable[[], bool]) -> None:
+    """Evaluate the published version whenever the version moves (the trainer publishes the next one only after
+    this one's result arrived)."""
+    from alfish.seeding import reseed
+
+    have = 0
+    while not stop.value and parent_alive():
+        if block.shared.version.value == have:
+            try:
+                commands.get(timeout=POLL_S)  # a wake-up (the version is what counts: it is read again first)
+            except queue.Empty:
+                pass
+            continue
+        with torch.inference_mode(False), torch.no_grad():
+            read = block.read_into(tensors, keep_waiting=parent_alive)
+        if read is None:
+            return  # the trainer died holding the lock
+        have, (_, _, _, index) = read
+        evaluator.num_evaluations = int(index)
+        torch.manual_seed(reseed(seed, int(index)))  # epsilon-greedy draws: reproducible per evaluation
+        start = time.monotonic()
+        result = evaluator.evaluate(algorithm)
+        results.put((have, result, time.monotonic() - start))
+
+
+def _portable(err: BaseException) -> BaseException:
+    """``err`` if it survives pickling (the trainer re-raises a start-up failure as it is), else an exception of its
+    nearest built-in base class with the same message (e.g. gin's dynamically made subclasses)."""
+    try:
+        pickle.loads(pickle.dumps(err))
+        return err
+    except Exception:  # noqa: BLE001  (any pickling failure: fall back below)
+        pass
+    for cls in type(err).__mro__:
+        if cls.__module__ == "builtins" and issubclass(cls, Exception):
+            try:
+                return cls(str(err))
+            except Exception:  # noqa: BLE001  (a base that takes other arguments: try the next one)
+                continue
+    return RuntimeError(str(err))
+
+
+def gin_constants() -> dict[str, Any]:
+    """The ``gin.constant`` values registered in this process that can be pickled. A config text refers to a constant
+    by name (``%NAME``); a child parsing it has only the constants its own imports register."""
+    from gin import config as gin_config
+
+    constants = {}
+    for name, value in gin_config._CONSTANTS.items():  # (gin has no public accessor)
+        try:
+            pickle.dumps(value)
+        except Exception:  # noqa: BLE001  (not shippable: the child then reports the unknown constant)
+            continue
+        constants[name] = value
+    return constants
+
+
+def _parse_config(spec: EvalSpec) -> Any:
+    """Parse the trainer's config text here: the modules it imports first (they may register constants), then the
+    trainer's constants not registered yet, then the text."""
+    import gin
+    from gin import config as gin_config
+
+    from alfish.config.loading import register_configurables
+    from alfish.config.trainer_config import TrainerConfig
+
+    register_configurables()
+    _import_modules_of(spec.config_text)
+    for name, value in spec.gin_constants.items():
+        if not gin_config._CONSTANTS.matching_selectors(name):
+            gin.constant(name, value)
+    gin.parse_config(spec.config_text)
+    return TrainerConfig(root_dir=spec.root_dir)
+
+
+def _import_modules_of(config_text: str) -> None:
+    """Import the modules ``config_text``'s import statements name (a failure is left for the parse to report)."""
+    import importlib
+
+    from gin import config_parser
+
+    class NoValues(config_parser.ParserDelegate):
+        def configurable_reference(self, scoped_name: str, evaluate: bool) -> None:
+            return None
+
+        def macro(self, scoped_name: str) -> None:
+            return None
+
+    for statement in config_parser.ConfigParser(config_text, NoValues()):
+        if isinstance(statement, config_parser.ImportStatement):
+            try:
+                importlib.import_module(statement.module)
+            except ImportError:
+                pass
+
+
+def _wait_for_block(commands: Any, stop: Any, parent_alive: Callable[[], bool]) -> Optional[str]:
+    """The parameter block's name, sent with the first evaluation (None when told to stop, or orphaned, first)."""
+    while not stop.value and parent_alive():
+        try:
+            kind, name = commands.get(timeout=POLL_S)
+            if kind == "block":
+                return name
+        except queue.Empty:
+            continue
+    return None
+
+
+def _parent_watch(parent_pid: int) -> Callable[[], bool]:
+    """A cheap check that the trainer still exists (a SIGKILLed parent cannot stop us)."""
+    return lambda: os.getppid() == parent_pid
