@@ -4,13 +4,19 @@ An algorithm is an ``nn.Module`` that turns time steps into actions and experien
 (optimizers, replay ownership, checkpointing, summaries, the training loop) belongs to the trainer.
 
 Call order, per iteration:
-    rollout_step(time_step)            -> AlgStep(output=action [B, ...], info=rollout_info [B, ...])   (unrolling)
+    rollout_step(time_step, state)     -> AlgStep(output=action [B, ...], state=next state,
+                                              info=rollout_info [B, ...])                              (unrolling)
     preprocess_experience(exp [B, T])   -> Experience [B, T']   (whole-buffer training only, e.g. PPO's GAE)
     train_step(exp [L, B])              -> AlgStep(info=train_info)                                      (off-policy)
     calc_loss(exp [L, B], train_info)   -> LossInfo(loss=per-sample [L', B], extra={name: term})
     after_update()                      after each optimizer step (target networks)
     after_train_iter()                  once per iteration
-and ``predict_step(time_step, epsilon_greedy)`` for evaluation and play.
+and ``predict_step(time_step, state, epsilon_greedy)`` for evaluation and play.
+
+Recurrent algorithms (``recurrent`` True) have a state per env: whoever steps an env (the Unroller, the Evaluator,
+play) starts it at ``initial_state(B)``, passes it to ``rollout_step``/``predict_step``, keeps the returned
+``AlgStep.state`` for the next step, and resets it to the initial state at every FIRST step (``reset_state``).
+Stateless algorithms have ``EMPTY`` states and pay nothing.
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ from typing import Any, Callable, Optional, Sequence
 import gymnasium as gym
 import torch
 from torch import nn
+
+from torch.utils import _pytree as pytree
 
 from alfish.data import nest
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, TimeStep
@@ -39,6 +47,48 @@ class Algorithm(nn.Module):
     rollout_module_names: Optional[tuple[str, ...]] = None
     #: True when some updates leave parameters out of the loss (TD3's delayed actor); DDP must then look for them.
     skips_parameters_in_some_updates: bool = False
+
+    #: Set by ``configure_recurrence`` (TrainerConfig.use_rollout_state): store the rollout state with the experience
+    #: and start training sequences from it (else from ``initial_state``).
+    use_rollout_state: bool = False
+    #: Set by ``configure_recurrence`` (TrainerConfig.temporally_independent_train_step, resolved): False: train_step
+    #: runs over each sequence step by step, carrying the state.
+    temporally_independent_train_step: bool = True
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the algorithm has a recurrent (per-env) state."""
+        return False
+
+    def initial_state(self, batch_size: int, device: Optional[torch.device] = None) -> Any:
+        """The state at an episode's start, for ``batch_size`` envs; ``EMPTY`` for stateless algorithms."""
+        return EMPTY
+
+    def reset_state(self, state: Any, step_type: torch.Tensor) -> Any:
+        """``state`` with the envs at a FIRST step (``step_type [B]``) set back to ``initial_state``."""
+        return reset_state_at_first(state, step_type, self.initial_state)
+
+    def configure_recurrence(self, use_rollout_state: bool, temporally_independent_train_step: Optional[bool],
+                             mini_batch_length: Optional[int] = None) -> None:
+        """Applies TrainerConfig's ``use_rollout_state`` and ``temporally_independent_train_step`` (None: False for a
+        recurrent algorithm, True otherwise); refuses combinations that cannot train a recurrent state."""
+        name = type(self).__name__
+        independent = (not self.recurrent) if temporally_independent_train_step is None else \
+            temporally_independent_train_step
+        if self.recurrent and independent and not use_rollout_state:
+            raise ValueError(f"{name} is recurrent and TrainerConfig.temporally_independent_train_step=True trains each "
+                             "step alone, which needs its rollout state: set TrainerConfig.use_rollout_state=True or "
+                             "temporally_independent_train_step=None")
+        if self.recurrent and not independent and not use_rollout_state and (mini_batch_length or 1) <= 1:
+            raise ValueError(f"{name} is recurrent, but TrainerConfig.mini_batch_length={mini_batch_length} gives "
+                             "sequences of one step that would all start from the zero state: set mini_batch_length "
+                             "to the unroll length (or chunks of it) or TrainerConfig.use_rollout_state=True")
+        if not self.recurrent and not independent:
+            raise ValueError(f"TrainerConfig.temporally_independent_train_step=False needs a recurrent algorithm; "
+                             f"{name} has no recurrent state (e.g. set EncodingNetwork.rnn='lstm' for a network that "
+                             "has one)")
+        self.use_rollout_state = bool(use_rollout_state) and self.recurrent
+        self.temporally_independent_train_step = independent
 
     def predict_step(self, time_step: TimeStep, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
         raise NotImplementedError
@@ -65,6 +115,23 @@ class Algorithm(nn.Module):
     def param_groups(self) -> list[dict]:
         """Parameter groups for the trainer's optimizer, each ``{'params': [...], 'lr': ..., 'name': ...}``."""
         raise NotImplementedError
+
+
+def is_empty(state: Any) -> bool:
+    """Whether ``state`` is ``EMPTY`` (a stateless algorithm's state)."""
+    return isinstance(state, tuple) and len(state) == 0
+
+
+def reset_state_at_first(state: Any, step_type: torch.Tensor,
+                         initial_state: Callable[[int, Optional[torch.device]], Any]) -> Any:
+    """``state`` (a nest of ``[B, ...]`` tensors) where ``step_type [B]`` is FIRST replaced by
+    ``initial_state(B, device)``; ``EMPTY`` stays ``EMPTY`` (no op)."""
+    if is_empty(state):
+        return state
+    leaves = pytree.tree_leaves(state)
+    first = (step_type == 0).to(leaves[0].device)  # StepType.FIRST
+    init = initial_state(first.shape[0], leaves[0].device)
+    return pytree.tree_map(lambda s, i: torch.where(first.view((-1,) + (1,) * (s.dim() - 1)), i, s), state, init)
 
 
 class RLAlgorithm(Algorithm):

@@ -27,7 +27,6 @@ NumberOrSchedule = Union[float, Callable[[], float]]
 
 # Parameters whose feature is not built yet -> what is missing. Setting one to a non-default value raises.
 NOT_BUILT_YET: dict[str, str] = {
-    "use_rollout_state": "recurrent (stateful) policies are not built yet",
     "eval_uncertainty": "uncertainty evaluation is not built yet",
     "summarize_gradient_noise_scale": "the gradient-noise-scale summary is not built yet",
     "summarize_action_distributions": "action distribution summaries are not built yet",
@@ -82,9 +81,13 @@ class TrainerConfig:
             robot); 0: as fast as possible.
         unroll_parameter_update_period: async unroll: iterations between pushes of fresh rollout-policy parameters
             (and transformer statistics) to the child.
-        use_rollout_state: store the recurrent rollout state with the experience (not built yet).
-        temporally_independent_train_step: train_step sees all time steps of a mini-batch at once; None decides
-            automatically, True forces it (False needs a recurrent train_step, not built yet).
+        use_rollout_state: a recurrent algorithm (e.g. an ``EncodingNetwork(rnn='lstm'|'gru')`` core) stores its
+            rollout state with the experience, and training sequences start from the state stored with their first
+            step; False: they start from the initial (zero) state.
+        temporally_independent_train_step: None decides automatically (False for a recurrent algorithm, True
+            otherwise). True: train_step sees all time steps of a mini-batch at once (a recurrent algorithm then starts
+            each step from its stored rollout state, which needs use_rollout_state=True). False: train_step runs over
+            each sequence step by step, carrying the state and resetting it at FIRST steps (recurrent algorithms only).
         num_checkpoints: number of checkpoints, evenly spaced over the run, the last at its end (0: none).
         confirm_checkpoint_upon_crash: after a crash a checkpoint is written either way; True first asks "Write a
             checkpoint before exiting? [Y/n]" when stdin is an interactive terminal (60 s, default yes), never in a
@@ -321,9 +324,6 @@ def _not_built_problems(config: TrainerConfig) -> list[str]:
     if config.ml_type not in ('rl', 'sl'):
         problems.append(f"TrainerConfig.ml_type={config.ml_type!r} must be 'rl' (reinforcement learning) or 'sl' "
                         "(supervised learning)")
-    if config.temporally_independent_train_step is False:
-        problems.append("TrainerConfig.temporally_independent_train_step=False is not supported yet in alfish "
-                        "(no recurrent train_step is built); remove it from the conf or set it to None or True")
     return problems
 
 

@@ -149,11 +149,11 @@ def test_ml_type_other_than_rl_raises():
         "remove it from the conf or set it to 'rl'")
 
 
-def test_temporally_dependent_train_step_raises():
-    assert error_of(temporally_independent_train_step=False) == (
-        "TrainerConfig.temporally_independent_train_step=False is not supported yet in alfish "
-        "(no recurrent train_step is built); remove it from the conf or set it to None or True")
+def test_recurrent_training_parameters_are_accepted():
+    # Whether they fit the algorithm is checked once it is built (Algorithm.configure_recurrence).
+    assert make(temporally_independent_train_step=False).temporally_independent_train_step is False
     assert make(temporally_independent_train_step=True).temporally_independent_train_step is True
+    assert make(use_rollout_state=True).use_rollout_state is True
 
 
 @pytest.mark.parametrize('overrides, message', [
