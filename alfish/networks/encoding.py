@@ -8,8 +8,8 @@
   - a Dict observation gets one such encoder per key (an optional per-key MLP for vectors), and the features are
     concatenated in the space's key order;
   - then an optional fully connected stack (``fc_layers``) with LayerNorm and dropout as options;
-  - then an optional LSTM/GRU core whose state layout is ``state_spec`` (the recurrent training that uses it comes with
-    ``use_rollout_state``; the algorithms refuse a recurrent encoder until then).
+  - then an optional LSTM/GRU core whose state layout is ``state_spec`` (trained as PPO's shared encoder,
+    ``ActorCriticNetworks.encoding_network_ctor``; other networks refuse a recurrent encoder).
 
 Shapes: ``forward(obs)`` takes ``[*batch, *obs_shape]`` (a dict of such tensors for a Dict space) and returns
 ``[*batch, output_size]``.

@@ -33,12 +33,14 @@ def refuse_overridden_bindings(configurable: str, params: Sequence[str], owner: 
                          f"{owner}'s *_network_cls / *_network_ctor = @{configurable})")
 
 
-def build_encoder(ctor: Callable[..., nn.Module], observation_space: gym.Space) -> nn.Module:
-    """``ctor(observation_space)``, checked: it sets an int ``output_size`` and is not recurrent (not trained yet)."""
+def build_encoder(ctor: Callable[..., nn.Module], observation_space: gym.Space,
+                  allow_recurrent: bool = False) -> nn.Module:
+    """``ctor(observation_space)``, checked: it sets an int ``output_size``, and is not recurrent unless
+    ``allow_recurrent`` (the shared encoder of PPO's ``ActorCriticNetworks`` is the one place that trains a state)."""
     encoder = ctor(observation_space)
-    if getattr(encoder, "recurrent", False):
-        raise ValueError("a recurrent encoder (EncodingNetwork.rnn) needs recurrent training (use_rollout_state), "
-                         "which alfish does not build yet; set EncodingNetwork.rnn = None")
+    if getattr(encoder, "recurrent", False) and not allow_recurrent:
+        raise ValueError("a recurrent encoder (EncodingNetwork.rnn) is trained only as the shared encoder of PPO "
+                         "(ActorCriticNetworks.encoding_network_ctor); set EncodingNetwork.rnn = None here")
     if not isinstance(getattr(encoder, "output_size", None), int):
         raise ValueError(f"encoding network {ctor} must set an int attribute output_size (its feature size)")
     return encoder

@@ -54,11 +54,15 @@ class Evaluator:
         returns, lengths = [], []
         time_step = self.env.reset(seed=reseed(self.seed, self.num_evaluations))
         self.num_evaluations += 1
+        state = algorithm.initial_state(n, device)
         for _ in range(self.max_steps):
             if bool((done >= self.per_env).all()):
                 break
             seen = self.transform(to_device(time_step, device))  # to the policy's device and back: once per step each
-            action = to_device(algorithm.predict_step(seen, epsilon_greedy=self.epsilon_greedy).output, CPU)
+            # a recurrent policy's state is reset at each FIRST step (EMPTY, untouched, for a stateless one)
+            alg_step = algorithm.predict_step(seen, algorithm.reset_state(state, seen.step_type),
+                                              epsilon_greedy=self.epsilon_greedy)
+            action, state = to_device(alg_step.output, CPU), alg_step.state
             time_step = self.env.step(action)
             counting = (done < self.per_env) & (time_step.step_type != StepType.FIRST)
             ret += torch.where(counting, time_step.reward.double(), 0.0)
