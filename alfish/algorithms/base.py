@@ -26,7 +26,6 @@ from typing import Any, Callable, Optional, Sequence
 import gymnasium as gym
 import torch
 from torch import nn
-
 from torch.utils import _pytree as pytree
 
 from alfish.data import nest
@@ -76,9 +75,9 @@ class Algorithm(nn.Module):
         independent = (not self.recurrent) if temporally_independent_train_step is None else \
             temporally_independent_train_step
         if self.recurrent and independent and not use_rollout_state:
-            raise ValueError(f"{name} is recurrent and TrainerConfig.temporally_independent_train_step=True trains each "
-                             "step alone, which needs its rollout state: set TrainerConfig.use_rollout_state=True or "
-                             "temporally_independent_train_step=None")
+            raise ValueError(f"{name} is recurrent and TrainerConfig.temporally_independent_train_step=True trains "
+                             "each step alone, which needs its rollout state: set TrainerConfig.use_rollout_state=True "
+                             "or temporally_independent_train_step=None")
         if self.recurrent and not independent and not use_rollout_state and (mini_batch_length or 1) <= 1:
             raise ValueError(f"{name} is recurrent, but TrainerConfig.mini_batch_length={mini_batch_length} gives "
                              "sequences of one step that would all start from the zero state: set mini_batch_length "
