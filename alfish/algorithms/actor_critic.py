@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from alfish.algorithms.base import is_empty, reset_state_at_first
+from alfish.data.state import is_empty
 from alfish.data.types import EMPTY
 from alfish.networks import distributions as D
 from alfish.networks.encoding import EncodingNetwork
@@ -140,13 +140,7 @@ class ActorCriticNetworks(nn.Module):
         sequence); the heads run on all steps at once. Returns per-step outputs flattened to ``[L * B]``, with the
         state after the last step.
         """
-        features = self.encoder.encode(obs)  # [L, B, F]
-        rnn, lstm = self.encoder.rnn, self.encoder.rnn_kind == "lstm"
-        outputs = []
-        for t in range(features.shape[0]):
-            state = reset_state_at_first(state, step_type[t], self.encoder.initial_state)
-            state = rnn(features[t], state)
-            outputs.append(state[0] if lstm else state)
-        out, value = self._outputs(torch.stack(outputs).flatten(0, 1))
+        features, state = self.encoder.unroll(obs, step_type, state)
+        out, value = self._outputs(features.flatten(0, 1))
         action = action.flatten(0, 1)
         return PolicyOutput(action, *self._log_prob_entropy(out, action), value, state)

@@ -26,9 +26,9 @@ from typing import Any, Callable, Optional, Sequence
 import gymnasium as gym
 import torch
 from torch import nn
-from torch.utils import _pytree as pytree
 
 from alfish.data import nest
+from alfish.data.state import is_empty, reset_state_at_first  # noqa: F401  (re-exported)
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, TimeStep
 from alfish.networks.encoding import is_flat_space
 from alfish.networks.ensemble import EnsembleCritic, VmapEnsemble
@@ -114,23 +114,6 @@ class Algorithm(nn.Module):
     def param_groups(self) -> list[dict]:
         """Parameter groups for the trainer's optimizer, each ``{'params': [...], 'lr': ..., 'name': ...}``."""
         raise NotImplementedError
-
-
-def is_empty(state: Any) -> bool:
-    """Whether ``state`` is ``EMPTY`` (a stateless algorithm's state)."""
-    return isinstance(state, tuple) and len(state) == 0
-
-
-def reset_state_at_first(state: Any, step_type: torch.Tensor,
-                         initial_state: Callable[[int, Optional[torch.device]], Any]) -> Any:
-    """``state`` (a nest of ``[B, ...]`` tensors) where ``step_type [B]`` is FIRST replaced by
-    ``initial_state(B, device)``; ``EMPTY`` stays ``EMPTY`` (no op)."""
-    if is_empty(state):
-        return state
-    leaves = pytree.tree_leaves(state)
-    first = (step_type == 0).to(leaves[0].device)  # StepType.FIRST
-    init = initial_state(first.shape[0], leaves[0].device)
-    return pytree.tree_map(lambda s, i: torch.where(first.view((-1,) + (1,) * (s.dim() - 1)), i, s), state, init)
 
 
 class RLAlgorithm(Algorithm):
