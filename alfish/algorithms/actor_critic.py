@@ -8,8 +8,6 @@ from __future__ import annotations
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
-import gymnasium as gym
-import numpy as np
 import torch
 from torch import nn
 
@@ -71,9 +69,8 @@ class ActorCriticNetworks(nn.Module):
             raise ValueError("ActorCriticNetworks.encoding_network_ctor (a shared encoder) and actor_network_ctor / "
                              "value_network_ctor are exclusive; give one or the other")
         if shared:
-            space = algorithm.observation_space if algorithm.raw_observations else gym.spaces.Box(
-                -np.inf, np.inf, shape=(algorithm.obs_dim,), dtype=np.float32)
-            self.encoder = build_encoder(encoding_network_ctor or EncodingNetwork, space, allow_recurrent=True)
+            self.encoder = build_encoder(encoding_network_ctor or EncodingNetwork, algorithm.encoder_space(),
+                                         allow_recurrent=True)
             features = self.encoder.output_size
             self.policy = MLP(features, action_dim, hidden_sizes, activation, output_gain=0.01)
             self.value_net = MLP(features, 1, hidden_sizes, activation, output_gain=1.0)

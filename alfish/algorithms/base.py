@@ -24,6 +24,7 @@ import functools
 from typing import Any, Callable, Optional, Sequence
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
@@ -166,6 +167,13 @@ class RLAlgorithm(Algorithm):
                                    type(self).__name__)
         return FeedForwardNetwork(self.observation_space, output_dim, hidden_sizes, activation,
                                   output_gain=output_gain)
+
+    def encoder_space(self) -> gym.Space:
+        """What an encoder over ``network_input`` reads: the observation space in raw mode, a flat float Box of
+        ``obs_dim`` in flat mode."""
+        if self.raw_observations:
+            return self.observation_space
+        return gym.spaces.Box(-float("inf"), float("inf"), shape=(self.obs_dim,), dtype=np.float32)
 
     def build_critics(self, ctor: Optional[Callable[..., nn.Module]], num_critics: int,
                       hidden_sizes: Sequence[int]) -> nn.Module:

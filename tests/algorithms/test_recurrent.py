@@ -153,3 +153,35 @@ def test_memory_cue_rewards_the_remembered_cue():
         assert obs.tolist() == [0.0, 1.0] and not terminated  # the query
         _, reward, terminated, _, _ = env.step(1 if cue > 0 else 0)
         assert reward == 1.0 and terminated
+
+
+def recurrent_dqn(use_rollout_state: bool, burn_in: int = 0):
+    from alfish.algorithms.dqn import DqnAlgorithm
+
+    torch.manual_seed(0)
+    alg = DqnAlgorithm(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), burn_in=burn_in, epsilon_greedy=0.0,
+                       encoding_network_ctor=functools.partial(EncodingNetwork, rnn="gru", rnn_size=4))
+    alg.configure_recurrence(use_rollout_state, None, 6)
+    return alg
+
+
+def test_recurrent_dqn_trains_every_step_after_burn_in_from_the_stored_state():
+    alg = recurrent_dqn(True, burn_in=2)
+    env = BatchedEnv("alfish/MemoryCue-v0", 3, seed=0)
+    taken = []
+    Unroller(env, alg).unroll(9, taken.append)
+    env.close()
+    exp = nest.stack(taken)
+    seq = nest.map_nest(lambda x: x[3:9], exp)  # 6 steps from mid-episode, across the FIRST at t = 7
+    with torch.no_grad():
+        info = alg.train_step(seq).info
+        # by hand: Q along the rollout, each step from the state it was acted from
+        q_rollout = torch.stack([alg.q_net(seq.observation[t], seq.rollout_info.state[t])[0] for t in range(6)])
+    assert info.q.shape == (6 - 2 - 1, 3)  # burn-in 2, n_step 1
+    expected = q_rollout[2:5].gather(-1, seq.action[2:5].unsqueeze(-1)).squeeze(-1)
+    torch.testing.assert_close(info.q, expected)
+    assert info.valid.tolist() == (seq.step_type[2:5] != StepType.LAST).tolist()
+    loss = alg.calc_loss(seq, info)
+    assert loss.loss.shape == (3, 3) and loss.priority.shape == (3,)
+    with pytest.raises(ValueError, match=r"burn_in \+ n_step \+ 1 = 4 steps, got 3"):
+        alg.train_step(nest.map_nest(lambda x: x[:3], seq))
