@@ -43,6 +43,9 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
         self.use_networks(actor_network_ctor, value_network_ctor)
         self.net = ActorCriticNetworks(self, hidden_sizes, activation, actor_network_ctor=actor_network_ctor,
                                        value_network_ctor=value_network_ctor)
+        if self.net.recurrent:
+            raise ValueError("A2cAlgorithm does not train a recurrent encoder (EncodingNetwork.rnn); use "
+                             "PpoAlgorithm, or set EncodingNetwork.rnn = None")
         self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
         self.value_loss_coef, self.entropy_coef = value_loss_coef, as_scheduler(entropy_coef)
         self.normalize_advantages = normalize_advantages

@@ -11,6 +11,8 @@ import gin
 import torch
 from torch import nn
 
+from alfish.data.state import is_empty
+from alfish.data.types import EMPTY
 from alfish.networks import distributions as D
 from alfish.networks.encoding import EncodingNetwork
 from alfish.networks.heads import build_encoder
@@ -22,6 +24,7 @@ class PolicyOutput(NamedTuple):
     log_prob: torch.Tensor  # [N]
     entropy: torch.Tensor   # [N]
     value: torch.Tensor     # [N]
+    state: Any = EMPTY      # the recurrent state after this step ([N, ...]; EMPTY without a recurrent encoder)
 
 
 class ActorCriticParams:
@@ -44,18 +47,30 @@ class ActorCriticNetworks(nn.Module):
       - raw mode with ``actor_network_ctor`` / ``value_network_ctor``: ``ctor(observation_space, output_dim)`` each
         (a part left ``None`` gets its own ``FeedForwardNetwork`` of ``hidden_sizes``).
 
+      - ``encoding_network_ctor`` (any mode): ``ctor(observation_space)`` -> one encoder shared by MLP heads, as the
+        raw-mode default; it may be recurrent (``EncodingNetwork(rnn='lstm'|'gru')``), which makes the networks
+        recurrent: ``act``/``evaluate`` take and return its state, ``evaluate_sequence`` runs over time. In flat mode
+        the encoder reads the flat observation (a Box of ``obs_dim``).
+
     Parameters: ``policy.*``, ``value_net.*`` (and ``encoder.*``, ``log_std`` for Box actions).
     """
 
     def __init__(self, algorithm: Any, hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh",
                  initial_log_std: float = 0.0, actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
-                 value_network_ctor: Optional[Callable[..., nn.Module]] = None):
+                 value_network_ctor: Optional[Callable[..., nn.Module]] = None,
+                 encoding_network_ctor: Optional[Callable[..., nn.Module]] = None):
         super().__init__()
         self.discrete = algorithm.discrete
         action_dim = algorithm.num_actions if self.discrete else algorithm.action_dim
         self.encoder: Optional[nn.Module] = None
-        if algorithm.raw_observations and actor_network_ctor is None and value_network_ctor is None:
-            self.encoder = build_encoder(EncodingNetwork, algorithm.observation_space)
+        shared = encoding_network_ctor is not None or (
+            algorithm.raw_observations and actor_network_ctor is None and value_network_ctor is None)
+        if shared and (actor_network_ctor is not None or value_network_ctor is not None):
+            raise ValueError("ActorCriticNetworks.encoding_network_ctor (a shared encoder) and actor_network_ctor / "
+                             "value_network_ctor are exclusive; give one or the other")
+        if shared:
+            self.encoder = build_encoder(encoding_network_ctor or EncodingNetwork, algorithm.encoder_space(),
+                                         allow_recurrent=True)
             features = self.encoder.output_size
             self.policy = MLP(features, action_dim, hidden_sizes, activation, output_gain=0.01)
             self.value_net = MLP(features, 1, hidden_sizes, activation, output_gain=1.0)
@@ -65,31 +80,64 @@ class ActorCriticNetworks(nn.Module):
         if not self.discrete:
             self.log_std = nn.Parameter(torch.full((action_dim,), float(initial_log_std)))
 
-    def _heads(self, obs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(policy output [N, action_dim or num_actions], value [N])`` at ``obs``."""
-        features = obs if self.encoder is None else self.encoder(obs)
+    @property
+    def recurrent(self) -> bool:
+        return bool(getattr(self.encoder, "recurrent", False))
+
+    def initial_state(self, batch_size: int, device: Optional[torch.device] = None) -> Any:
+        """The encoder's initial (zero) state for ``batch_size`` samples; ``EMPTY`` when not recurrent."""
+        return self.encoder.initial_state(batch_size, device) if self.recurrent else EMPTY
+
+    def _features(self, obs: Any, state: Any) -> tuple[Any, Any]:
+        """``(features, next state)`` at ``obs [N, ...]`` from ``state`` (the initial state when ``EMPTY``)."""
+        if self.encoder is None:
+            return obs, EMPTY
+        if not self.recurrent:
+            return self.encoder(obs), EMPTY
+        return self.encoder(obs, None if is_empty(state) else state)
+
+    def _outputs(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.policy(features), self.value_net(features).squeeze(-1)
 
-    def act(self, obs: Any, greedy: bool) -> PolicyOutput:
-        """Sample (or take the mode of) the policy at ``obs``; also returns log-prob, entropy and value."""
-        out, value = self._heads(obs)
+    def _heads(self, obs: Any, state: Any = EMPTY) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        """``(policy output [N, action_dim or num_actions], value [N], next state)`` at ``obs``."""
+        features, state = self._features(obs, state)
+        return (*self._outputs(features), state)
+
+    def _log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.discrete:
+            return D.categorical_log_prob(out, action), D.categorical_entropy(out)
+        log_std = self.log_std.expand_as(out)
+        return D.gaussian_log_prob(action, out, log_std), D.gaussian_entropy(log_std)
+
+    def act(self, obs: Any, greedy: bool, state: Any = EMPTY) -> PolicyOutput:
+        """Sample (or take the mode of) the policy at ``obs``; also returns log-prob, entropy, value and the next
+        state (recurrent encoder: from ``state``, the initial state when ``EMPTY``)."""
+        out, value, state = self._heads(obs, state)
         if self.discrete:
             action = out.argmax(-1) if greedy else D.categorical_sample(out)
-            log_prob, entropy = D.categorical_log_prob(out, action), D.categorical_entropy(out)
         else:
-            log_std = self.log_std.expand_as(out)
             # The sample is detached: its log-prob must depend on the mean (score-function gradient), which the
             # reparameterised sample would cancel out.
-            action = (out if greedy else out + log_std.exp() * torch.randn_like(out)).detach()
-            log_prob, entropy = D.gaussian_log_prob(action, out, log_std), D.gaussian_entropy(log_std)
-        return PolicyOutput(action, log_prob, entropy, value)
+            action = (out if greedy else out + self.log_std.expand_as(out).exp() * torch.randn_like(out)).detach()
+        return PolicyOutput(action, *self._log_prob_entropy(out, action), value, state)
 
-    def evaluate(self, obs: Any, action: torch.Tensor) -> PolicyOutput:
-        """Log-prob, entropy and value of given ``action`` at ``obs``."""
-        out, value = self._heads(obs)
-        if self.discrete:
-            log_prob, entropy = D.categorical_log_prob(out, action), D.categorical_entropy(out)
-        else:
-            log_std = self.log_std.expand_as(out)
-            log_prob, entropy = D.gaussian_log_prob(action, out, log_std), D.gaussian_entropy(log_std)
-        return PolicyOutput(action, log_prob, entropy, value)
+    def evaluate(self, obs: Any, action: torch.Tensor, state: Any = EMPTY) -> PolicyOutput:
+        """Log-prob, entropy and value of given ``action`` at ``obs`` (from ``state``, as ``act``)."""
+        out, value, state = self._heads(obs, state)
+        return PolicyOutput(action, *self._log_prob_entropy(out, action), value, state)
+
+    def evaluate_sequence(self, obs: Any, action: torch.Tensor, step_type: torch.Tensor,
+                          state: Any) -> PolicyOutput:
+        """A recurrent encoder run over time-major sequences: ``obs [L, B, ...]``, ``action [L, B, ...]``,
+        ``step_type [L, B]``, ``state`` the state before step 0 (``[B, ...]``).
+
+        The encoder's feed-forward part runs on all ``L * B`` steps at once; its core steps through time, the state
+        reset to the initial state at each FIRST step (so nothing leaks across an episode boundary inside a
+        sequence); the heads run on all steps at once. Returns per-step outputs flattened to ``[L * B]``, with the
+        state after the last step.
+        """
+        features, state = self.encoder.unroll(obs, step_type, state)
+        out, value = self._outputs(features.flatten(0, 1))
+        action = action.flatten(0, 1)
+        return PolicyOutput(action, *self._log_prob_entropy(out, action), value, state)

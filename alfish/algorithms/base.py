@@ -4,13 +4,19 @@ An algorithm is an ``nn.Module`` that turns time steps into actions and experien
 (optimizers, replay ownership, checkpointing, summaries, the training loop) belongs to the trainer.
 
 Call order, per iteration:
-    rollout_step(time_step)            -> AlgStep(output=action [B, ...], info=rollout_info [B, ...])   (unrolling)
+    rollout_step(time_step, state)     -> AlgStep(output=action [B, ...], state=next state,
+                                              info=rollout_info [B, ...])                              (unrolling)
     preprocess_experience(exp [B, T])   -> Experience [B, T']   (whole-buffer training only, e.g. PPO's GAE)
     train_step(exp [L, B])              -> AlgStep(info=train_info)                                      (off-policy)
     calc_loss(exp [L, B], train_info)   -> LossInfo(loss=per-sample [L', B], extra={name: term})
     after_update()                      after each optimizer step (target networks)
     after_train_iter()                  once per iteration
-and ``predict_step(time_step, epsilon_greedy)`` for evaluation and play.
+and ``predict_step(time_step, state, epsilon_greedy)`` for evaluation and play.
+
+Recurrent algorithms (``recurrent`` True) have a state per env: whoever steps an env (the Unroller, the Evaluator,
+play) starts it at ``initial_state(B)``, passes it to ``rollout_step``/``predict_step``, keeps the returned
+``AlgStep.state`` for the next step, and resets it to the initial state at every FIRST step (``reset_state``).
+Stateless algorithms have ``EMPTY`` states and pay nothing.
 """
 from __future__ import annotations
 
@@ -18,10 +24,12 @@ import functools
 from typing import Any, Callable, Optional, Sequence
 
 import gymnasium as gym
+import numpy as np
 import torch
 from torch import nn
 
 from alfish.data import nest
+from alfish.data.state import is_empty, reset_state_at_first  # noqa: F401  (re-exported)
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, TimeStep
 from alfish.networks.encoding import is_flat_space
 from alfish.networks.ensemble import EnsembleCritic, VmapEnsemble
@@ -42,6 +50,48 @@ class Algorithm(nn.Module):
     #: Add ``debug/...`` statistics (``alfish.algorithms.debug_stats``) to ``calc_loss``'s lazy terms; the trainer sets
     #: it from ``TrainerConfig.debug_summaries`` at assembly. Read only when the terms are evaluated (a summary).
     debug_summaries: bool = False
+
+    #: Set by ``configure_recurrence`` (TrainerConfig.use_rollout_state): store the rollout state with the experience
+    #: and start training sequences from it (else from ``initial_state``).
+    use_rollout_state: bool = False
+    #: Set by ``configure_recurrence`` (TrainerConfig.temporally_independent_train_step, resolved): False: train_step
+    #: runs over each sequence step by step, carrying the state.
+    temporally_independent_train_step: bool = True
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether the algorithm has a recurrent (per-env) state."""
+        return False
+
+    def initial_state(self, batch_size: int, device: Optional[torch.device] = None) -> Any:
+        """The state at an episode's start, for ``batch_size`` envs; ``EMPTY`` for stateless algorithms."""
+        return EMPTY
+
+    def reset_state(self, state: Any, step_type: torch.Tensor) -> Any:
+        """``state`` with the envs at a FIRST step (``step_type [B]``) set back to ``initial_state``."""
+        return reset_state_at_first(state, step_type, self.initial_state)
+
+    def configure_recurrence(self, use_rollout_state: bool, temporally_independent_train_step: Optional[bool],
+                             mini_batch_length: Optional[int] = None) -> None:
+        """Applies TrainerConfig's ``use_rollout_state`` and ``temporally_independent_train_step`` (None: False for a
+        recurrent algorithm, True otherwise); refuses combinations that cannot train a recurrent state."""
+        name = type(self).__name__
+        independent = (not self.recurrent) if temporally_independent_train_step is None else \
+            temporally_independent_train_step
+        if self.recurrent and independent and not use_rollout_state:
+            raise ValueError(f"{name} is recurrent and TrainerConfig.temporally_independent_train_step=True trains "
+                             "each step alone, which needs its rollout state: set TrainerConfig.use_rollout_state=True "
+                             "or temporally_independent_train_step=None")
+        if self.recurrent and not independent and not use_rollout_state and (mini_batch_length or 1) <= 1:
+            raise ValueError(f"{name} is recurrent, but TrainerConfig.mini_batch_length={mini_batch_length} gives "
+                             "sequences of one step that would all start from the zero state: set mini_batch_length "
+                             "to the unroll length (or chunks of it) or TrainerConfig.use_rollout_state=True")
+        if not self.recurrent and not independent:
+            raise ValueError(f"TrainerConfig.temporally_independent_train_step=False needs a recurrent algorithm; "
+                             f"{name} has no recurrent state (e.g. set EncodingNetwork.rnn='lstm' for a network that "
+                             "has one)")
+        self.use_rollout_state = bool(use_rollout_state) and self.recurrent
+        self.temporally_independent_train_step = independent
 
     def predict_step(self, time_step: TimeStep, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
         raise NotImplementedError
@@ -120,6 +170,13 @@ class RLAlgorithm(Algorithm):
                                    type(self).__name__)
         return FeedForwardNetwork(self.observation_space, output_dim, hidden_sizes, activation,
                                   output_gain=output_gain)
+
+    def encoder_space(self) -> gym.Space:
+        """What an encoder over ``network_input`` reads: the observation space in raw mode, a flat float Box of
+        ``obs_dim`` in flat mode."""
+        if self.raw_observations:
+            return self.observation_space
+        return gym.spaces.Box(-float("inf"), float("inf"), shape=(self.obs_dim,), dtype=np.float32)
 
     def build_critics(self, ctor: Optional[Callable[..., nn.Module]], num_critics: int,
                       hidden_sizes: Sequence[int]) -> nn.Module:

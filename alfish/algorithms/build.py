@@ -12,8 +12,12 @@ from alfish.transforms.base import SequentialDataTransformer, build_transformers
 def build_policy(config: Any, spec: EnvSpec) -> tuple[SequentialDataTransformer, Algorithm]:
     """``config.data_transformer_ctor`` for the env's observations, then ``config.algorithm_ctor`` for the observation
     space the last transformer outputs (e.g. stacked frames) and the env's action space. ``config``: a
-    ``TrainerConfig``."""
+    ``TrainerConfig``. The algorithm's recurrence is configured from ``use_rollout_state``,
+    ``temporally_independent_train_step`` and ``mini_batch_length`` (``Algorithm.configure_recurrence``)."""
     transformer = build_transformers(config.data_transformer_ctor, spec.observation_space)
     algorithm = config.algorithm_ctor(observation_space=transformer.output_observation_space(spec.observation_space),
                                       action_space=spec.action_space)
+    algorithm.configure_recurrence(getattr(config, "use_rollout_state", False),
+                                   getattr(config, "temporally_independent_train_step", None),
+                                   getattr(config, "mini_batch_length", None))
     return transformer, algorithm

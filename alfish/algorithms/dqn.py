@@ -7,6 +7,14 @@ is epsilon-greedy in ``rollout_step`` (epsilon a number or a schedule); ``predic
 ``TrainerConfig.epsilon_greedy = e``, takes a uniformly random action with probability ``e`` (ALF's eval epsilon).
 The target network is a copy of the Q-network that follows it every ``target_update_period`` optimizer steps by
 Polyak averaging with ``target_update_tau`` (1 = hard copy).
+
+Recurrent DQN (R2D2-style sequence replay): with ``encoding_network_ctor = @EncodingNetwork`` and
+``EncodingNetwork.rnn = 'lstm'`` or ``'gru'`` the Q-network carries a state per env. With
+``TrainerConfig.use_rollout_state=True`` the state each step was acted from is stored as its rollout info
+(``DqnRolloutInfo``), and each sampled sequence starts from the stored state of its first step (zeros without it).
+Both networks run over the sequence, the state reset at FIRST steps inside it; the first ``burn_in`` steps only warm
+the state up (no gradient, no loss), and every later step with ``n_step`` successors in the sequence is trained
+(``TrainerConfig.mini_batch_length >= burn_in + n_step + 1``).
 """
 from __future__ import annotations
 
@@ -21,7 +29,10 @@ from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.algorithms.debug_stats import masked_stats
+from alfish.data import nest
+from alfish.data.state import is_empty
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
+from alfish.networks.heads import EncodedHead, build_encoder
 from alfish.networks.mlp import polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
 
@@ -85,9 +96,13 @@ def _n_step_targets(reward: torch.Tensor, discount: torch.Tensor, step_type: tor
 
 
 class DqnTrainInfo(NamedTuple):
-    q: torch.Tensor          # [B], Q(obs_0, action_0), with gradient
+    q: torch.Tensor          # [B], Q(obs_0, action_0), with gradient ([L', B] for a recurrent Q-network)
     target: torch.Tensor     # [B], n-step target, no gradient
     valid: torch.Tensor      # [B] bool, step 0 is not LAST
+
+
+class DqnRolloutInfo(NamedTuple):
+    state: Any  # [B, ...], the recurrent state the step was acted from (recurrent DQN with use_rollout_state)
 
 
 @gin.configurable
@@ -107,6 +122,9 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         huber_loss: smooth L1 (delta 1) on the TD error; False: squared error / 2.
         q_network_cls: ``cls(observation_space, num_actions)`` -> the Q-network (``obs -> [N, num_actions]``);
             ``None``: an MLP of ``hidden_sizes`` (through ``EncodingNetwork`` for images and dicts).
+        encoding_network_ctor: ``ctor(observation_space)`` -> an encoder (``EncodingNetwork``, which may be
+            recurrent) under an MLP head of ``hidden_sizes``; exclusive with ``q_network_cls``.
+        burn_in: recurrent Q-network only: steps at the start of each sampled sequence that only warm the state up.
     """
 
     rollout_module_names = ("q_net",)  # async unroll ships only these to its child
@@ -115,7 +133,8 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  hidden_sizes: Sequence[int] = (64, 64), activation: str = "relu", lr: float | Scheduler = 1e-3,
                  gamma: float = 0.99, n_step: int = 1, double_q: bool = True, target_update_period: int = 100,
                  target_update_tau: float | Scheduler = 1.0, epsilon_greedy: float | Scheduler = 0.1,
-                 huber_loss: bool = True, q_network_cls: Optional[Callable[..., nn.Module]] = None):
+                 huber_loss: bool = True, q_network_cls: Optional[Callable[..., nn.Module]] = None,
+                 encoding_network_ctor: Optional[Callable[..., nn.Module]] = None, burn_in: int = 0):
         super().__init__(observation_space, action_space)
         if not self.discrete:
             raise ValueError(f"DqnAlgorithm needs a Discrete action space, got {action_space}; use SacAlgorithm for "
@@ -124,8 +143,20 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise ValueError(f"DqnAlgorithm.n_step={n_step} must be >= 1")
         if target_update_period < 1:
             raise ValueError(f"DqnAlgorithm.target_update_period={target_update_period} must be >= 1")
+        if burn_in < 0:
+            raise ValueError(f"DqnAlgorithm.burn_in={burn_in} must be >= 0")
+        if encoding_network_ctor is not None and q_network_cls is not None:
+            raise ValueError("DqnAlgorithm.encoding_network_ctor and q_network_cls are exclusive; give one")
         self.use_networks(q_network_cls)
-        self.q_net = self.build_network(q_network_cls, self.num_actions, hidden_sizes, activation)
+        if encoding_network_ctor is not None:
+            encoder = build_encoder(encoding_network_ctor, self.encoder_space(), allow_recurrent=True)
+            self.q_net = EncodedHead(encoder, self.num_actions, hidden_sizes, activation)
+        else:
+            self.q_net = self.build_network(q_network_cls, self.num_actions, hidden_sizes, activation)
+        self.burn_in = burn_in
+        if burn_in and not self.recurrent:
+            raise ValueError(f"DqnAlgorithm.burn_in={burn_in} warms up a recurrent state; this Q-network has none "
+                             "(set EncodingNetwork.rnn and DqnAlgorithm.encoding_network_ctor, or burn_in = 0)")
         self.target_q_net = copy.deepcopy(self.q_net).requires_grad_(False)
         self.lr = lr
         self.gamma = gamma
@@ -139,6 +170,20 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
 
     def param_groups(self) -> list[dict]:
         return [dict(name="q", params=list(self.q_net.parameters()), lr=self.lr)]
+
+    @property
+    def recurrent(self) -> bool:
+        return bool(getattr(self.q_net, "recurrent", False))
+
+    def initial_state(self, batch_size: int, device: Optional[torch.device] = None) -> Any:
+        return self.q_net.initial_state(batch_size, device) if self.recurrent else EMPTY
+
+    def _q_step(self, time_step: TimeStep, state: Any) -> tuple[torch.Tensor, Any, Any]:
+        """``(Q [B, A], next state, the state acted from)`` of a recurrent Q-network."""
+        if is_empty(state):  # a caller without a state: an episode's start
+            state = self.initial_state(time_step.step_type.shape[0], time_step.step_type.device)
+        q, next_state = self.q_net(self.network_input(time_step.observation), state)
+        return q, next_state, state
 
     # ----------------------------------------------------------------------------------------------------- acting --
     def _random_where(self, action: torch.Tensor, probability: float) -> torch.Tensor:
@@ -157,12 +202,25 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
     def predict_step(self, time_step: TimeStep, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
         """Greedy; with probability ``epsilon_greedy`` per env a uniformly random action (not the exploration
         epsilon's action)."""
+        if self.recurrent:
+            q, state, _ = self._q_step(time_step, state)
+            return AlgStep(output=self._random_where(q.argmax(-1), epsilon_greedy), state=state)
         action, _ = self._act(time_step.observation, greedy=True)
         return AlgStep(output=self._random_where(action, epsilon_greedy), state=state)
 
+    def rollout_step(self, time_step: TimeStep, state: Any = EMPTY) -> AlgStep:
+        if not self.recurrent:
+            return super().rollout_step(time_step, state)
+        q, next_state, state = self._q_step(time_step, state)
+        info = DqnRolloutInfo(state) if self.use_rollout_state else EMPTY
+        return AlgStep(output=self._random_where(q.argmax(-1), self.epsilon()), state=next_state, info=info)
+
     # --------------------------------------------------------------------------------------------------- training --
     def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
-        """Q-value and n-step target of the transition out of step 0 of each sequence of ``exp`` ``[n_step+1, B]``."""
+        """Q-value and n-step target of the transition out of step 0 of each sequence of ``exp`` ``[n_step+1, B]``
+        (recurrent: of every step after ``burn_in`` that has ``n_step`` successors, ``[L', B]``)."""
+        if self.recurrent:
+            return self._recurrent_train_step(exp)
         length = exp.step_type.shape[0]
         if length != self.n_step + 1:
             raise ValueError(f"DqnAlgorithm with n_step={self.n_step} trains on sequences of n_step + 1 = "
@@ -178,6 +236,40 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         valid = exp.step_type[0] != StepType.LAST
         q = self.q_net(self.step_at(obs, 0)).gather(-1, exp.action[0].long().unsqueeze(-1)).squeeze(-1)  # [B]
         return AlgStep(info=DqnTrainInfo(q, target, valid))
+
+    def _recurrent_train_step(self, exp: Experience) -> AlgStep:
+        length, batch = exp.step_type.shape[:2]
+        first, last = self.burn_in, length - self.n_step  # trained steps: first .. last - 1
+        if last <= first:
+            raise ValueError(f"recurrent DqnAlgorithm with burn_in={self.burn_in} and n_step={self.n_step} trains on "
+                             f"sequences of at least burn_in + n_step + 1 = {self.burn_in + self.n_step + 1} steps, "
+                             f"got {length}; set TrainerConfig.mini_batch_length")
+        if self.use_rollout_state:
+            start = nest.map_nest(lambda x: x[0], exp.rollout_info.state)
+        else:
+            start = self.initial_state(batch, exp.step_type.device)
+        obs = self.network_input(exp.observation, batch_dims=2)                 # [L, B, ...]
+        step_type = exp.step_type
+        with torch.no_grad():
+            target_q, _ = self.target_q_net.unroll(obs, step_type, start)       # [L, B, A]
+            state = start
+            if first:  # burn-in: the state is warmed up without gradients
+                _, state = self.q_net.unroll(self.step_slice(obs, slice(0, first)), step_type[:first], start)
+        q_after, _ = self.q_net.unroll(self.step_slice(obs, slice(first, None)), step_type[first:], state)
+        with torch.no_grad():
+            chooser = q_after.detach() if self.double_q else target_q[first:]
+            value = target_q[first:].gather(-1, chooser.argmax(-1, keepdim=True)).squeeze(-1)  # [L - first, B]
+            targets = [_n_step_targets(exp.reward[t:], exp.discount[t:], step_type[t:],
+                                       value[t - first + 1:t - first + 1 + self.n_step], self.gamma, self.n_step)
+                       for t in range(first, last)]
+            target = torch.stack(targets)                                         # [L', B]
+        q = q_after[:last - first].gather(-1, exp.action[first:last].long().unsqueeze(-1)).squeeze(-1)   # [L', B]
+        return AlgStep(info=DqnTrainInfo(q, target, step_type[first:last] != StepType.LAST))
+
+    @staticmethod
+    def step_slice(obs: Any, index: slice) -> Any:
+        """Time steps ``index`` of time-major observations (a tensor or a dict), kept ``[L', B, ...]``."""
+        return obs[index] if isinstance(obs, torch.Tensor) else nest.map_nest(lambda x: x[index], obs)
 
     def calc_loss(self, exp: Experience, train_info: DqnTrainInfo) -> LossInfo:
         """Per-sample loss ``[1, B]`` (sequences starting at a LAST step are masked out); priority ``|TD error|``."""
@@ -202,7 +294,10 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                 out.update(masked_stats("td_target", target, valid))
             return out
 
-        return LossInfo(loss=loss.unsqueeze(0), extra=extra, priority=abs_td.mul_(valid))
+        priority = abs_td.mul_(valid)
+        if loss.dim() == 2:  # a recurrent Q-network's [L', B]: R2D2's priority, 0.9 max + 0.1 mean over time
+            return LossInfo(loss=loss, extra=extra, priority=0.9 * priority.amax(0) + 0.1 * priority.mean(0))
+        return LossInfo(loss=loss.unsqueeze(0), extra=extra, priority=priority)
 
     def after_update(self) -> None:
         """Counts the optimizer step; on every ``target_update_period``-th, Polyak-averages the target network

@@ -3,6 +3,15 @@
 PPO trains through the off-policy path as ALF does: the unroll is stored in the replay buffer, and with
 ``whole_replay_buffer_training=True`` + ``clear_replay_buffer=True`` each iteration computes GAE over the whole buffer
 (``preprocess_experience``) and then runs ``num_updates_per_train_iter`` epochs of shuffled mini-batches.
+
+Recurrent PPO: with a recurrent shared encoder (``ActorCriticNetworks.encoding_network_ctor = @EncodingNetwork`` and
+``EncodingNetwork.rnn = 'lstm'`` or ``'gru'``) the policy carries a state per env. With
+``TrainerConfig.use_rollout_state=True`` the state each step was acted from is stored in its rollout info
+(``PpoRolloutInfo.state``); mini-batches hold whole sequences of ``TrainerConfig.mini_batch_length`` steps (the unroll
+length, or chunks of it), and ``train_step`` runs over each sequence step by step from the stored state of its first
+step (zeros without ``use_rollout_state``), resetting the state at FIRST steps inside it
+(``temporally_independent_train_step`` None or False). With ``temporally_independent_train_step=True`` each step is
+evaluated alone from its own stored state.
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ from alfish.schedulers import Scheduler, as_scheduler
 class PpoRolloutInfo(NamedTuple):
     log_prob: torch.Tensor  # [B], of the stored action under the rollout policy
     value: torch.Tensor     # [B], V(obs) under the rollout policy
+    state: Any = EMPTY      # [B, ...], the recurrent state the step was acted from (with use_rollout_state only)
 
 
 class PpoTrainInfo(NamedTuple):
@@ -40,6 +50,7 @@ class PpoExperienceInfo(NamedTuple):
     value: torch.Tensor
     advantage: torch.Tensor
     value_target: torch.Tensor
+    state: Any = EMPTY
 
 
 @gin.configurable
@@ -72,9 +83,37 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         self.value_loss_coef, self.entropy_coef = value_loss_coef, as_scheduler(entropy_coef)
         self.normalize_advantages = normalize_advantages
 
+    @property
+    def recurrent(self) -> bool:
+        return self.net.recurrent
+
+    def initial_state(self, batch_size: int, device: Optional[torch.device] = None) -> Any:
+        return self.net.initial_state(batch_size, device)
+
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         out = self.net.act(self.network_input(obs), greedy)
         return out.action, PpoRolloutInfo(out.log_prob, out.value)
+
+    def rollout_step(self, time_step: Any, state: Any = EMPTY) -> AlgStep:
+        if not self.recurrent:
+            return super().rollout_step(time_step, state)
+        if isinstance(state, tuple) and len(state) == 0:  # a caller without a state: an episode's start
+            state = self.initial_state(time_step.step_type.shape[0], time_step.step_type.device)
+        out = self.net.act(self.network_input(time_step.observation), False, state)
+        info = PpoRolloutInfo(out.log_prob, out.value, state if self.use_rollout_state else EMPTY)
+        return AlgStep(output=out.action, state=out.state, info=info)
+
+    def predict_step(self, time_step: Any, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
+        if not self.recurrent:
+            return super().predict_step(time_step, state, epsilon_greedy)
+        obs = self.network_input(time_step.observation)
+        greedy = self.net.act(obs, True, state)
+        action = greedy.action
+        if epsilon_greedy > 0.0:
+            sampled = self.net.act(obs, False, state).action
+            pick = torch.rand(action.shape[0], device=action.device) < epsilon_greedy
+            action = torch.where(pick.view((-1,) + (1,) * (action.dim() - 1)), sampled, action)
+        return AlgStep(output=action, state=greedy.state)
 
     def preprocess_experience(self, exp: Experience) -> Experience:
         """``[B, T]`` -> ``[B, T-1]`` with advantages; the newest step of each env only bootstraps."""
@@ -84,11 +123,28 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
                                                tm(exp.discount), self.gamma, self.gae_lambda).transpose(0, 1)
         value = info.value[:, :-1]
         trimmed = nest.map_nest(lambda x: x[:, :-1], exp._replace(rollout_info=EMPTY))
-        return trimmed._replace(rollout_info=PpoExperienceInfo(info.log_prob[:, :-1], value, adv, adv + value))
+        state = nest.map_nest(lambda x: x[:, :-1], info.state)
+        return trimmed._replace(rollout_info=PpoExperienceInfo(info.log_prob[:, :-1], value, adv, adv + value,
+                                                               state))
 
     def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
+        """Log-probs, entropies and values ``[L * B]`` of the mini-batch ``[L, B]``. Recurrent: over time from the
+        stored state of step 0 (``use_rollout_state``) or the initial state, reset at FIRST steps; or each step from
+        its own stored state (``temporally_independent_train_step=True``)."""
+        if self.recurrent and not self.temporally_independent_train_step:
+            stored = exp.rollout_info.state
+            if self.use_rollout_state:
+                start = nest.map_nest(lambda x: x[0], stored)
+            else:
+                start = self.initial_state(exp.step_type.shape[1], exp.step_type.device)
+            out = self.net.evaluate_sequence(self.network_input(exp.observation, batch_dims=2), exp.action,
+                                             exp.step_type, start)
+            return AlgStep(info=PpoTrainInfo(out.log_prob, out.entropy, out.value))
         obs = self.steps(self.network_input(exp.observation, batch_dims=2), slice(None))
-        out = self.net.evaluate(obs, exp.action.flatten(0, 1))
+        step_state = EMPTY
+        if self.recurrent:  # temporally independent: each step from its own rollout state
+            step_state = nest.map_nest(lambda x: x.flatten(0, 1), exp.rollout_info.state)
+        out = self.net.evaluate(obs, exp.action.flatten(0, 1), step_state)
         return AlgStep(info=PpoTrainInfo(out.log_prob, out.entropy, out.value))
 
     def loss_terms(self, exp: Experience, train_info: PpoTrainInfo) -> dict[str, torch.Tensor]:

@@ -185,9 +185,13 @@ def play_episodes(args: argparse.Namespace, env: BatchedEnv, transformer: Sequen
     returns: list[float] = []
     with torch.inference_mode():
         episode_return, episode_length = 0.0, 0
+        # a recurrent policy's state, reset at each episode's FIRST step (EMPTY for a stateless one)
+        state = algorithm.initial_state(env.num_envs, next(iter(algorithm.parameters())).device)
         while len(returns) < args.num_episodes:
             seen = view(time_step)
-            action = algorithm.predict_step(seen, epsilon_greedy=args.epsilon_greedy).output
+            alg_step = algorithm.predict_step(seen, algorithm.reset_state(state, seen.step_type),
+                                              epsilon_greedy=args.epsilon_greedy)
+            action, state = alg_step.output, alg_step.state
             time_step = env.step(action)
             if int(time_step.step_type[0]) == StepType.FIRST:
                 continue  # the autoreset step after LAST: not part of any episode

@@ -36,6 +36,10 @@ class Unroller:
     ``device``: where the algorithm acts. The env's time step (host) crosses to it once per env step, batched over
     the envs, before the transformers see it; the action (and the rollout info, when the raw step is stored) cross
     back once. With the CPU nothing is copied.
+
+    ``state``: a recurrent algorithm's state ``[B, ...]`` per env (on ``device``), carried from step to step and set
+    back to ``algorithm.initial_state`` at every FIRST step (the first after ``reset`` and each autoreset), before
+    ``rollout_step`` sees it. ``EMPTY`` for a stateless algorithm (nothing is done with it).
     """
 
     def __init__(self, env: BatchedEnv, algorithm: Algorithm, stats: Optional[EpisodeStats] = None,
@@ -47,12 +51,19 @@ class Unroller:
         self._to_device = _identity if on_host else (lambda nest_: to_device(nest_, device))
         self._to_host = _identity if on_host else (lambda nest_: to_device(nest_, CPU))
         self.last_env_step_s = 0.0  # wall-clock of the last env.step call
+        self.device = device
+        self.recurrent = bool(getattr(algorithm, "recurrent", False))
         self.reset(seed)
 
     def reset(self, seed: Optional[int] = None) -> None:
         self.time_step: TimeStep = self.env.reset(seed)
         self._seen: Optional[TimeStep] = None  # self.time_step transformed (each env step is transformed once)
+        self.state: Any = self.algorithm.initial_state(self.env.num_envs, self.device) if self.recurrent else EMPTY
         self._observe(self.time_step)
+
+    def _state_at(self, seen: TimeStep) -> Any:
+        """The state to act from at ``seen``: the carried one, reset at FIRST steps."""
+        return self.algorithm.reset_state(self.state, seen.step_type) if self.recurrent else EMPTY
 
     def _observe(self, time_step: TimeStep) -> None:
         if self.stats is not None:
@@ -76,8 +87,10 @@ class Unroller:
         if random_actions:
             action, info = self.env.random_action(), EMPTY
         else:
-            alg_step = self.algorithm.rollout_step(seen)
+            alg_step = self.algorithm.rollout_step(seen, self._state_at(seen))
             action, info = alg_step.output, alg_step.info
+            if self.recurrent:
+                self.state = alg_step.state
         if store_transformed:  # the trajectory stays where it was computed (with its autograd graph)
             taken = Experience.from_time_step(seen, action, info)
             action = self._to_host(action)
@@ -105,6 +118,6 @@ class Unroller:
         self.unroll(num_steps, steps.append, with_grad=True, store_transformed=True)
         with torch.no_grad():
             seen = self.seen()
-            alg_step = self.algorithm.rollout_step(seen)
+            alg_step = self.algorithm.rollout_step(seen, self._state_at(seen))
         steps.append(Experience.from_time_step(seen, alg_step.output, alg_step.info))
         return nest.stack(steps)

@@ -3,9 +3,9 @@
 ALF users move their confs over unchanged: the parameter names and defaults are ALF's. Values are validated when the
 object is built, so a bad conf fails with one line naming the parameter before any environment starts: each value
 against its annotation and its range in ``alfish.config.value_checks.RULES`` (the same check that names the conf's
-file and line when the conf is loaded), then the rules that relate several parameters, here. Parameters of features
-alfish has not built yet are listed in ``NOT_BUILT_YET``; setting one to a non-default value is an error (delete its
-entry when the feature lands).
+file and line when the conf is loaded), then the rules that relate several parameters, here. Every parameter is
+operative (``tests/config/test_every_field_read.py`` checks that each is read by the code that acts on it), except
+``no_thread_env_for_conf``, accepted for ALF confs and documented as having no effect.
 """
 from __future__ import annotations
 
@@ -24,12 +24,6 @@ from alfish.errors import OneLineValueError
 # A number or a schedule (alfish.schedulers: a callable giving the current value). Written without importing
 # alfish.schedulers, which imports torch, so that reading a TrainerConfig stays cheap.
 NumberOrSchedule = Union[float, Callable[[], float]]
-
-# Parameters whose feature is not built yet -> what is missing. Setting one to a non-default value raises.
-NOT_BUILT_YET: dict[str, str] = {
-    "use_rollout_state": "recurrent (stateful) policies are not built yet",
-}
-
 
 class TrainerConfigError(OneLineValueError):
     """A bad TrainerConfig value; its str() is always the one-line message (through gin too)."""
@@ -77,9 +71,13 @@ class TrainerConfig:
             robot); 0: as fast as possible.
         unroll_parameter_update_period: async unroll: iterations between pushes of fresh rollout-policy parameters
             (and transformer statistics) to the child.
-        use_rollout_state: store the recurrent rollout state with the experience (not built yet).
-        temporally_independent_train_step: train_step sees all time steps of a mini-batch at once; None decides
-            automatically, True forces it (False needs a recurrent train_step, not built yet).
+        use_rollout_state: a recurrent algorithm (e.g. an ``EncodingNetwork(rnn='lstm'|'gru')`` core) stores its
+            rollout state with the experience, and training sequences start from the state stored with their first
+            step; False: they start from the initial (zero) state.
+        temporally_independent_train_step: None decides automatically (False for a recurrent algorithm, True
+            otherwise). True: train_step sees all time steps of a mini-batch at once (a recurrent algorithm then starts
+            each step from its stored rollout state, which needs use_rollout_state=True). False: train_step runs over
+            each sequence step by step, carrying the state and resetting it at FIRST steps (recurrent algorithms only).
         num_checkpoints: number of checkpoints, evenly spaced over the run, the last at its end (0: none).
         confirm_checkpoint_upon_crash: after a crash a checkpoint is written either way; True first asks "Write a
             checkpoint before exiting? [Y/n]" when stdin is an interactive terminal (60 s, default yes), never in a
@@ -282,12 +280,6 @@ class TrainerConfig:
         return max(1, self.expected_num_iterations(num_envs) // count)
 
 
-def _field_defaults() -> dict[str, Any]:
-    """Default value of every TrainerConfig parameter that has one."""
-    return {f.name: f.default for f in dataclasses.fields(TrainerConfig)
-            if f.default is not dataclasses.MISSING}
-
-
 def _parameters() -> dict[str, value_checks.Parameter]:
     """Every TrainerConfig parameter with its annotation and its rules (value_checks.RULES)."""
     return value_checks.parameters_of(TrainerConfig, 'TrainerConfig')
@@ -321,23 +313,15 @@ def validation_problems(config: TrainerConfig) -> list[str]:
             (out_of_range if problem.type_ok else wrong_type).append(message)
     if wrong_type:
         return wrong_type
-    return _not_built_problems(config) + _required_problems(config) + out_of_range + _cross_field_problems(config)
+    return _unsupported_problems(config) + _required_problems(config) + out_of_range + _cross_field_problems(config)
 
 
-def _not_built_problems(config: TrainerConfig) -> list[str]:
-    """Features alfish has not built yet, and values alfish does not support, set in the conf."""
-    defaults = _field_defaults()
-    problems = [
-        f"TrainerConfig.{name}={_one_line_repr(getattr(config, name))} is not supported yet in alfish ({reason}); "
-        f"remove it from the conf or set it to {defaults[name]!r}"
-        for name, reason in NOT_BUILT_YET.items() if getattr(config, name) != defaults[name]
-    ]
+def _unsupported_problems(config: TrainerConfig) -> list[str]:
+    """Values alfish does not support, set in the conf."""
+    problems = []
     if config.ml_type not in ('rl', 'sl'):
         problems.append(f"TrainerConfig.ml_type={config.ml_type!r} must be 'rl' (reinforcement learning) or 'sl' "
                         "(supervised learning)")
-    if config.temporally_independent_train_step is False:
-        problems.append("TrainerConfig.temporally_independent_train_step=False is not supported yet in alfish "
-                        "(no recurrent train_step is built); remove it from the conf or set it to None or True")
     return problems
 
 

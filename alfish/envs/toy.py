@@ -1,6 +1,7 @@
 """Tiny deterministic environments with a known optimal return, for learning tests and quick checks.
 
-They are registered as gymnasium ids ``alfish/PointGoal-v0`` (continuous) and ``alfish/Chain-v0`` (discrete).
+They are registered as gymnasium ids ``alfish/PointGoal-v0`` (continuous), ``alfish/Chain-v0`` (discrete) and
+``alfish/MemoryCue-v0`` (discrete, needs memory: a recurrent policy).
 """
 from __future__ import annotations
 
@@ -84,9 +85,58 @@ class Chain(gym.Env):
         return frame
 
 
+class MemoryCue(gym.Env):
+    """Remember a cue: the first observation shows a cue (+1 or -1, drawn at random), then ``delay`` blank steps
+    follow, then a query; the action taken at the query must match the cue (action 1 for +1, 0 for -1).
+
+    Observation ``[cue, query]``: ``[+-1, 0]`` at the first step, ``[0, 0]`` at the blank steps, ``[0, 1]`` at the
+    query. Actions before the query are ignored (reward 0). At the query: reward +1 if right, -1 if wrong, and the
+    episode terminates (``delay + 2`` actions in all). Optimal return 1; any memoryless policy sees the same query
+    observation whatever the cue, so it averages 0.
+    """
+
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
+    OPTIMAL_RETURN = 1.0
+
+    def __init__(self, delay: int = 4, render_mode: str | None = None):
+        if delay < 0:
+            raise ValueError(f"MemoryCue delay={delay} must be >= 0")
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+        self.render_mode = render_mode
+        self.delay = delay
+        self._cue, self._t = 1, 0
+
+    def _obs(self) -> np.ndarray:
+        if self._t == 0:
+            return np.array([self._cue, 0.0], dtype=np.float32)
+        return np.array([0.0, 1.0 if self._t == self.delay + 1 else 0.0], dtype=np.float32)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._cue, self._t = (1 if self.np_random.integers(2) else -1), 0
+        return self._obs(), {}
+
+    def step(self, action: Any):
+        if self._t == self.delay + 1:  # the query
+            right = (int(np.asarray(action).reshape(-1)[0]) == 1) == (self._cue == 1)
+            return self._obs(), (1.0 if right else -1.0), True, False, {}
+        self._t += 1
+        return self._obs(), 0.0, False, False, {}
+
+    def render(self) -> np.ndarray:
+        frame = np.full((16, 16, 3), 255, dtype=np.uint8)
+        if self._t == 0:
+            frame[4:12, 4:12, :] = (0, 160, 0) if self._cue == 1 else (200, 0, 0)
+        elif self._t == self.delay + 1:
+            frame[4:12, 4:12, :] = 0
+        return frame
+
+
 def register_toy_envs() -> None:
     """Register the toy envs with gymnasium (idempotent)."""
-    for env_id, entry in (("alfish/PointGoal-v0", PointGoal), ("alfish/Chain-v0", Chain)):
+    for env_id, entry in (("alfish/PointGoal-v0", PointGoal), ("alfish/Chain-v0", Chain),
+                          ("alfish/MemoryCue-v0", MemoryCue)):
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=entry, max_episode_steps=10)
 

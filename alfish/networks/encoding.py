@@ -8,8 +8,9 @@
   - a Dict observation gets one such encoder per key (an optional per-key MLP for vectors), and the features are
     concatenated in the space's key order;
   - then an optional fully connected stack (``fc_layers``) with LayerNorm and dropout as options;
-  - then an optional LSTM/GRU core whose state layout is ``state_spec`` (the recurrent training that uses it comes with
-    ``use_rollout_state``; the algorithms refuse a recurrent encoder until then).
+  - then an optional LSTM/GRU core whose state layout is ``state_spec`` (trained as PPO's shared encoder,
+    ``ActorCriticNetworks.encoding_network_ctor``, or DQN's, ``DqnAlgorithm.encoding_network_ctor``; ``unroll`` runs
+    it over sequences; other networks refuse a recurrent encoder).
 
 Shapes: ``forward(obs)`` takes ``[*batch, *obs_shape]`` (a dict of such tensors for a Dict space) and returns
 ``[*batch, output_size]``.
@@ -25,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from alfish.data.state import reset_state_at_first
 from alfish.networks.mlp import activation_class, fc_stack
 
 #: The conv stack of Mnih et al. 2015 (Nature DQN): (out_channels, kernel, stride) per layer, no padding.
@@ -284,6 +286,20 @@ class EncodingNetwork(nn.Module):
 
     def _encoders(self) -> list[tuple[str, nn.Module]]:
         return list(self.encoders.items()) if self.keys is not None else [("observation", self.encoder)]
+
+    def unroll(self, obs: Any, step_type: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        """The recurrent core over time-major sequences: ``obs [L, B, ...]``, ``step_type [L, B]``, ``state`` the
+        state before step 0 (``[B, ...]``). The feed-forward part runs on all ``L * B`` steps at once; the core steps
+        through time, its state reset to ``initial_state`` at each FIRST step (nothing leaks across an episode
+        boundary inside a sequence). Returns ``(features [L, B, output_size], state after the last step)``."""
+        features = self.encode(obs)  # [L, B, F]
+        lstm = self.rnn_kind == "lstm"
+        outputs = []
+        for t in range(features.shape[0]):
+            state = reset_state_at_first(state, step_type[t], self.initial_state)
+            state = self.rnn(features[t], state)
+            outputs.append(state[0] if lstm else state)
+        return torch.stack(outputs), state
 
     def forward(self, obs: Any, state: Any = None) -> Any:
         """Features ``[*batch, output_size]``; with a recurrent core, ``(features [N, output_size], new_state)`` of one

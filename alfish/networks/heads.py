@@ -9,7 +9,7 @@ Constructor contract (what a user's network class must accept, so gin can hand i
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import gin
 import gymnasium as gym
@@ -33,12 +33,15 @@ def refuse_overridden_bindings(configurable: str, params: Sequence[str], owner: 
                          f"{owner}'s *_network_cls / *_network_ctor = @{configurable})")
 
 
-def build_encoder(ctor: Callable[..., nn.Module], observation_space: gym.Space) -> nn.Module:
-    """``ctor(observation_space)``, checked: it sets an int ``output_size`` and is not recurrent (not trained yet)."""
+def build_encoder(ctor: Callable[..., nn.Module], observation_space: gym.Space,
+                  allow_recurrent: bool = False) -> nn.Module:
+    """``ctor(observation_space)``, checked: it sets an int ``output_size``, and is not recurrent unless
+    ``allow_recurrent`` (the encoders that PPO and DQN train with a state)."""
     encoder = ctor(observation_space)
-    if getattr(encoder, "recurrent", False):
-        raise ValueError("a recurrent encoder (EncodingNetwork.rnn) needs recurrent training (use_rollout_state), "
-                         "which alfish does not build yet; set EncodingNetwork.rnn = None")
+    if getattr(encoder, "recurrent", False) and not allow_recurrent:
+        raise ValueError("a recurrent encoder (EncodingNetwork.rnn) is trained only as the shared encoder of PPO "
+                         "(ActorCriticNetworks.encoding_network_ctor) or DQN (DqnAlgorithm.encoding_network_ctor); "
+                         "set EncodingNetwork.rnn = None here")
     if not isinstance(getattr(encoder, "output_size", None), int):
         raise ValueError(f"encoding network {ctor} must set an int attribute output_size (its feature size)")
     return encoder
@@ -84,3 +87,35 @@ class CriticNetwork(nn.Module):
 
     def forward(self, obs: Any, action: torch.Tensor) -> torch.Tensor:
         return self.head(torch.cat([self.encoder(obs), action], -1))
+
+
+class EncodedHead(nn.Module):
+    """``obs -> [N, output_dim]``: an encoder (``EncodingNetwork``, possibly recurrent), then an MLP head.
+
+    Recurrent encoder: ``forward(obs, state)`` returns ``(output, next state)`` and ``unroll`` runs time-major
+    sequences (the state reset at FIRST steps); otherwise ``forward(obs)`` returns the output.
+    """
+
+    def __init__(self, encoder: nn.Module, output_dim: int, hidden_sizes: Sequence[int] = (256, 256),
+                 activation: str = "relu"):
+        super().__init__()
+        self.encoder = encoder
+        self.head = MLP(encoder.output_size, output_dim, hidden_sizes, activation)
+
+    @property
+    def recurrent(self) -> bool:
+        return bool(getattr(self.encoder, "recurrent", False))
+
+    def initial_state(self, batch_size: int, device: Optional[torch.device] = None) -> Any:
+        return self.encoder.initial_state(batch_size, device) if self.recurrent else ()
+
+    def forward(self, obs: Any, state: Any = None) -> Any:
+        if not self.recurrent:
+            return self.head(self.encoder(obs))
+        features, state = self.encoder(obs, state)
+        return self.head(features), state
+
+    def unroll(self, obs: Any, step_type: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        """``obs [L, B, ...]`` from ``state`` -> ``(output [L, B, output_dim], state after the last step)``."""
+        features, state = self.encoder.unroll(obs, step_type, state)
+        return self.head(features), state

@@ -69,11 +69,16 @@ def eval_state(algorithm: torch.nn.Module, transformer: torch.nn.Module, uncerta
     return state
 
 
-class _Heartbeat:
-    """The env, counting its resets and steps into the shared heartbeat."""
+class _Abandoned(BaseException):
+    """The trainer is gone or asked us to stop in the middle of an evaluation."""
 
-    def __init__(self, env: Any, counter: Any):
-        self.env, self.counter = env, counter
+
+class _Heartbeat:
+    """The env, counting its resets and steps into the shared heartbeat, and abandoning the evaluation at the next
+    step once ``keep_going()`` turns False (an evaluation can be long: the child must not outlive its trainer)."""
+
+    def __init__(self, env: Any, counter: Any, keep_going: Callable[[], bool]):
+        self.env, self.counter, self.keep_going = env, counter, keep_going
         self.num_envs = env.num_envs
 
     def reset(self, **kwargs: Any) -> Any:
@@ -81,6 +86,8 @@ class _Heartbeat:
         return self.env.reset(**kwargs)
 
     def step(self, action: torch.Tensor) -> Any:
+        if not self.keep_going():
+            raise _Abandoned()
         self.counter.value += 1
         return self.env.step(action)
 
@@ -111,7 +118,8 @@ def eval_child_main(spec: EvalSpec, shared: EvalShared, results: Any, errors: An
         transformer, algorithm = build_policy(config, spec.env_spec)
         algorithm.to(device), transformer.to(device)
         tensors = eval_state(algorithm, transformer, spec.uncertainty)
-        evaluator = Evaluator(_Heartbeat(env, shared.heartbeat), spec.num_episodes, spec.epsilon_greedy,
+        keep_going = lambda: not stop.value and parent_alive()  # noqa: E731
+        evaluator = Evaluator(_Heartbeat(env, shared.heartbeat, keep_going), spec.num_episodes, spec.epsilon_greedy,
                               seed=spec.seed, transform=transformer.rollout_view(update_stats=False),
                               uncertainty=spec.uncertainty)
         shared.ready.value = 1
@@ -120,6 +128,8 @@ def eval_child_main(spec: EvalSpec, shared: EvalShared, results: Any, errors: An
         if name is not None:
             block = ParamBlock(shared, tensors, name=name)
             _serve(evaluator, algorithm, block, tensors, spec.seed, results, commands, stop, parent_alive)
+    except _Abandoned:
+        exit_code = 0
     except BaseException as err:  # noqa: BLE001  (everything, including KeyboardInterrupt, goes to the parent)
         errors.put((phase, _portable(err), traceback.format_exc()))
         exit_code = 1

@@ -103,11 +103,15 @@ class Evaluator:
         returns, lengths = [], []
         time_step = self.env.reset(seed=reseed(self.seed, self.num_evaluations))
         self.num_evaluations += 1
+        state = algorithm.initial_state(n, device)
         for _ in range(self.max_steps):
             if bool((done >= self.per_env).all()):
                 break
             seen = self.transform(to_device(time_step, device))  # to the policy's device and back: once per step each
-            action_here = algorithm.predict_step(seen, epsilon_greedy=self.epsilon_greedy).output
+            # a recurrent policy's state is reset at each FIRST step (EMPTY, untouched, for a stateless one)
+            alg_step = algorithm.predict_step(seen, algorithm.reset_state(state, seen.step_type),
+                                              epsilon_greedy=self.epsilon_greedy)
+            action_here, state = alg_step.output, alg_step.state
             if critics is not None:  # the pairs whose transition is counted below: envs still counting, not at LAST
                 critics.observe(seen.observation, action_here, (done < self.per_env) & (time_step.step_type !=
                                                                                          StepType.LAST))

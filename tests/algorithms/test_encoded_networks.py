@@ -146,13 +146,21 @@ def test_user_networks_are_called_with_the_space_and_output_size_and_see_raw_obs
     assert q.shape == (3, 4, 1)
 
 
-@pytest.mark.parametrize("cls", [PpoAlgorithm, DqnAlgorithm, SacAlgorithm, BcAlgorithm])
-def test_a_recurrent_encoder_is_refused_until_recurrent_training_exists(cls):
+@pytest.mark.parametrize("cls", [DqnAlgorithm, SacAlgorithm, BcAlgorithm])
+def test_a_recurrent_encoder_is_refused_where_no_recurrent_training_exists(cls):
     with gin.unlock_config():
         gin.bind_parameter("EncodingNetwork.rnn", "gru")
     action_space = BOX if cls is SacAlgorithm else DISCRETE
-    with pytest.raises(ValueError, match=r"a recurrent encoder \(EncodingNetwork.rnn\) needs recurrent training"):
+    with pytest.raises(ValueError, match=r"a recurrent encoder \(EncodingNetwork.rnn\) is trained only as"):
         cls(IMAGE, action_space, hidden_sizes=(8,))
+
+
+def test_ppo_with_a_recurrent_default_encoder_is_recurrent():
+    with gin.unlock_config():
+        gin.bind_parameter("EncodingNetwork.rnn", "gru")
+        gin.bind_parameter("EncodingNetwork.rnn_size", 8)
+    alg = PpoAlgorithm(IMAGE, DISCRETE, hidden_sizes=(8,))
+    assert alg.recurrent and alg.initial_state(3).shape == (3, 8)
 
 
 def test_a_binding_the_default_network_would_ignore_is_an_error():

@@ -6,7 +6,7 @@ import gin
 import pytest
 
 from alfish.config import TrainerConfig
-from alfish.config.trainer_config import NOT_BUILT_YET, TrainerConfigError
+from alfish.config.trainer_config import TrainerConfigError
 
 # ALF's TrainerConfig parameters and defaults, in ALF's order (root_dir has none).
 ALF_DEFAULTS = dict(
@@ -27,18 +27,6 @@ ALF_DEFAULTS = dict(
     rl_train_every_update_steps=1, empty_cache=False, normalize_importance_weights_by_max=False,
     clear_replay_buffer=True,
 )
-
-# A value different from the default for each not-yet-built parameter.
-NON_DEFAULT = dict(
-    data_transformer_ctor=dict, async_unroll=True, max_unroll_length=5, unroll_queue_size=100,
-    unroll_step_interval=0.5, unroll_parameter_update_period=3, use_rollout_state=True, no_thread_env_for_conf=True,
-    eval_uncertainty=True, ddp_paras_check_interval=100, profiling=True, enable_amp=True, code_snapshots=['a.py'],
-    summarize_gradient_noise_scale=True, summarize_action_distributions=True, summarize_output=True,
-    update_counter_every_mini_batch=True, priority_replay=True, priority_replay_alpha=0.6, priority_replay_beta=1.0,
-    priority_replay_eps=1e-3, normalize_importance_weights_by_max=True, offline_buffer_dir='/data/buf',
-    offline_buffer_length=1000, rl_train_after_update_steps=10, rl_train_every_update_steps=2, empty_cache=True,
-)
-
 
 class _Algorithm:
     """Stands in for an algorithm constructor."""
@@ -96,26 +84,6 @@ def test_every_parameter_is_documented_in_one_docstring_line():
         assert f'\n        {name}: ' in doc, name
 
 
-@pytest.mark.parametrize('name', sorted(NOT_BUILT_YET))
-def test_not_built_yet_parameter_raises_when_set(name):
-    value, default = NON_DEFAULT[name], ALF_DEFAULTS[name]
-    assert error_of(**{name: value}) == (
-        f"TrainerConfig.{name}={value!r} is not supported yet in alfish ({NOT_BUILT_YET[name]}); "
-        f"remove it from the conf or set it to {default!r}")
-    assert getattr(make(**{name: default}), name) == default
-
-
-def test_not_built_yet_lists_the_unbuilt_features():
-    assert set(NOT_BUILT_YET) <= set(ALF_DEFAULTS)
-    built = {'profiling', 'code_snapshots', 'no_thread_env_for_conf', 'offline_buffer_dir', 'offline_buffer_length',
-             'rl_train_after_update_steps',
-             'rl_train_every_update_steps', 'priority_replay', 'priority_replay_alpha', 'priority_replay_beta',
-             'async_unroll', 'max_unroll_length',
-             'unroll_queue_size', 'unroll_step_interval', 'unroll_parameter_update_period', 'enable_amp',
-             'ddp_paras_check_interval', 'empty_cache'}
-    assert not built & set(NOT_BUILT_YET)
-
-
 @pytest.mark.parametrize('overrides, message', [
     (dict(unroll_length=0),
      "TrainerConfig.unroll_length=0 must be > 0 (env steps per env per iteration; a fraction < 1 steps every "
@@ -150,11 +118,11 @@ def test_ml_type_is_rl_or_sl():
     assert make(ml_type='sl', evaluate=False).ml_type == "sl"
 
 
-def test_temporally_dependent_train_step_raises():
-    assert error_of(temporally_independent_train_step=False) == (
-        "TrainerConfig.temporally_independent_train_step=False is not supported yet in alfish "
-        "(no recurrent train_step is built); remove it from the conf or set it to None or True")
+def test_recurrent_training_parameters_are_accepted():
+    # Whether they fit the algorithm is checked once it is built (Algorithm.configure_recurrence).
+    assert make(temporally_independent_train_step=False).temporally_independent_train_step is False
     assert make(temporally_independent_train_step=True).temporally_independent_train_step is True
+    assert make(use_rollout_state=True).use_rollout_state is True
 
 
 @pytest.mark.parametrize('overrides, message', [
