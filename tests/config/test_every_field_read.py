@@ -43,7 +43,8 @@ RUNS = [
                     "TrainerConfig.summarize_grads_and_vars=True", "TrainerConfig.summarize_action_distributions=True",
                     "TrainerConfig.summarize_output=True", "TrainerConfig.summarize_gradient_noise_scale=True",
                     "TrainerConfig.update_counter_every_mini_batch=True", "TrainerConfig.eval_uncertainty=True",
-                    "TrainerConfig.async_eval=False", "TrainerConfig.eval_interval=3", "TrainerConfig.profiling=True",
+                    "TrainerConfig.evaluate=True", "TrainerConfig.async_eval=False", "TrainerConfig.eval_interval=3",
+                    "TrainerConfig.profiling=True",
                     "Profiler.skip_iterations=1", "Profiler.active_iterations=2",
                     "TrainerConfig.code_snapshots=['algorithms/sac.py']", "TrainerConfig.empty_cache=True",
                     "TrainerConfig.ddp_paras_check_interval=2", "TrainerConfig.summary_max_queue=5",
@@ -54,7 +55,8 @@ RUNS = [
                     "TrainerConfig.async_unroll=True", "TrainerConfig.unroll_length=0",
                     "TrainerConfig.num_iterations=4", "TrainerConfig.max_unroll_length=3",
                     "TrainerConfig.unroll_queue_size=7", "TrainerConfig.unroll_step_interval=0.001",
-                    "TrainerConfig.unroll_parameter_update_period=2", "TrainerConfig.async_eval=True",
+                    "TrainerConfig.unroll_parameter_update_period=2", "TrainerConfig.evaluate=True",
+                    "TrainerConfig.async_eval=True",
                     "TrainerConfig.num_evals=2", "TrainerConfig.num_summaries=2",
                     "TrainerConfig.replay_buffer_length=50",
                     "TrainerConfig.enable_amp=True", "TrainerConfig.random_seed=3"]),
@@ -118,5 +120,6 @@ def test_every_field_is_read_by_the_code_that_acts_on_it(tmp_path, reads):
         if i == 2:  # (the crash path reads confirm_checkpoint_upon_crash)
             trainer.started = True
             trainer._checkpoint_after_crash(RuntimeError("a crash"))
-    assert sorted(FIELDS - NO_EFFECT - reads) == []
+    missing = sorted(FIELDS - NO_EFFECT - reads)
+    assert missing == [], f"never read: {missing}"
     assert not (NO_EFFECT & reads)

@@ -256,3 +256,41 @@ def test_an_evaluation_env_that_cannot_be_built_is_a_build_error_with_the_childs
         parts.evaluator(True)  # as the synchronous evaluator, which builds its envs right here
     assert time.monotonic() - start < 30
     assert not spawned_children()
+
+
+@pytest.mark.cli
+def test_a_killed_trainer_takes_its_evaluator_child_with_it_even_mid_evaluation(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.integration.inprocess import REPO
+
+    conf = tmp_path / "slow_eval.gin"
+    conf.write_text(OFF_POLICY_POINT_GOAL + SAC + """
+TrainerConfig.num_env_steps = 10000000
+TrainerConfig.eval_interval = 10
+eval/create_environment.env_name = 'alfish/Latency-v0'
+eval/create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latency_s': 0.5}
+""")  # an evaluation takes 5 s: the trainer is killed in the middle of one
+    proc = subprocess.Popen([sys.executable, "-m", "alfish.bin.train", "--conf", str(conf), "--root_dir",
+                             str(tmp_path / "root")], cwd=REPO, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, children = time.monotonic() + 60, []
+        while not children and time.monotonic() < deadline:
+            children = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                        if "spawn_main" in " ".join(p.cmdline())]
+            time.sleep(0.2)
+        assert children, proc.stderr.read()[-3000:] if proc.poll() is not None else "no evaluator child"
+        while not (tmp_path / "root" / "tb").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.5)  # the first evaluation is running
+        proc.kill()
+        proc.wait(timeout=30)
+        start = time.monotonic()
+        gone = psutil.wait_procs(children, timeout=10)[0]
+        assert len(gone) == len(children) and time.monotonic() - start < 5
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.stderr.close()
