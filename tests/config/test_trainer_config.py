@@ -114,7 +114,8 @@ def test_async_unroll_with_unroll_length_zero_counts_iterations():
 def test_ml_type_is_rl_or_sl():
     assert error_of(ml_type='gan') == ("TrainerConfig.ml_type='gan' must be 'rl' (reinforcement learning) or 'sl' "
                                        "(supervised learning)")
-    assert error_of(ml_type='sl').startswith("TrainerConfig.ml_type='sl' trains a model on SupervisedData with no env")
+    assert error_of(ml_type='sl', evaluate=True).startswith(
+        "TrainerConfig.ml_type='sl' trains a model on SupervisedData with no env")
     assert make(ml_type='sl', evaluate=False).ml_type == "sl"
 
 
