@@ -97,7 +97,7 @@ class AsyncEvaluator:
         self.num_evaluations = 0
         self.waits, self.waited_s = 0, 0.0  # how often, and how long, training waited for a running evaluation
         self.block: Optional[ParamBlock] = None
-        self._pending: dict[int, _Request] = {}  # version -> request, until recorded (or skipped)
+        self._pending: dict[int, _Request] = {}  # version -> request, until recorded (at most one)
         self._cond = threading.Condition()
         self._failure: Optional[BaseException] = None
         self._closing = False

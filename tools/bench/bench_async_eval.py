@@ -1,7 +1,8 @@
 """Training wall-clock with asynchronous against synchronous evaluation, same conf and iterations otherwise.
 
-    python tools/bench/bench_async_eval.py                                  # BC on Pendulum (evaluation dominates)
-    python tools/bench/bench_async_eval.py --conf confs/sac_pendulum.gin --iterations 2000 --eval_interval 200
+    python tools/bench/bench_async_eval.py --threads 1            # BC on Pendulum: evaluation is ~40% of the time
+    python tools/bench/bench_async_eval.py                        # the same with the conf's threads ('auto')
+    python tools/bench/bench_async_eval.py --conf confs/sac_pendulum.gin --iterations 2000 --threads 1
 
 Each run is ``python -m alfish.bin.train`` in a fresh process with ``TrainerConfig.async_eval`` True or False,
 alternating the modes ``--repeats`` times; printed: the median wall-clock of the whole command per mode, the number
@@ -55,8 +56,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conf", default=os.path.join(REPO, "confs", "bc_pendulum.gin"))
     parser.add_argument("--iterations", type=int, default=3000)
-    parser.add_argument("--eval_interval", type=int, default=300)
-    parser.add_argument("--episodes", type=int, default=10, help="TrainerConfig.num_eval_episodes")
+    parser.add_argument("--eval_interval", type=int, default=200)
+    parser.add_argument("--episodes", type=int, default=50, help="TrainerConfig.num_eval_episodes")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="Trainer.num_threads (0: the conf's)")
     parser.add_argument("--conf_param", action="append", default=[], help="extra gin binding (repeatable)")
