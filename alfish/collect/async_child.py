@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from alfish.collect.child_process import finish_child
 from alfish.collect.shared_params import POLL_S, ParamBlock, SharedParams, rollout_state
 from alfish.data import nest
 from alfish.envs.batched_env import EnvSettings
@@ -57,18 +58,7 @@ def child_main(spec: UnrollSpec, shared: SharedParams, steps: Any, errors: Any, 
         exit_code = 1
     else:
         exit_code = 0
-    steps.cancel_join_thread()  # never block exit on a queue nobody reads any more
-    for resource in (env, block):
-        if resource is not None:
-            try:
-                resource.close()
-            except Exception:  # noqa: BLE001  (exiting anyway)
-                pass
-    errors.close()
-    errors.join_thread()  # the traceback must reach the pipe before we exit
-    # Skip interpreter teardown: C++ thread pools torn down at exit can abort ("terminate called without an active
-    # exception") and turn a clean exit into SIGABRT.
-    os._exit(exit_code)
+    finish_child((env, block), steps, errors, exit_code)
 
 
 def _run(config: Any, env: Any, env_spec: Any, shared: SharedParams, block_name: str, seed: Optional[int],

@@ -28,6 +28,7 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.async_child import UnrollSpec, child_main
+from alfish.collect.child_process import reap_child
 from alfish.collect.collector import Collector, ProgressPoint, Sink
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock, SharedParams, rollout_state
@@ -224,15 +225,8 @@ class AsyncCollector(Collector):
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(timeout=timeout_s / 2)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout=timeout_s / 2)
         self._drain()
-        for q in (self._steps, self._errors, self._replies, self._commands):
-            q.cancel_join_thread()
-            q.close()
-        if self.process.exitcode is not None:
-            self.process.close()
+        reap_child(self.process, (self._steps, self._errors, self._replies, self._commands), timeout_s)
         self.process = None
         if self.block is not None:
             self.block.close(unlink=True)

@@ -47,6 +47,7 @@ import time
 from typing import Any, Iterator, Optional
 
 from alfish.algorithms.base import Algorithm
+from alfish.collect.child_process import reap_child
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock
 from alfish.trainer.eval_child import EvalShared, EvalSpec, eval_child_main, eval_state, gin_constants
 from alfish.trainer.evaluator import EvalResult, write_evaluation
@@ -201,17 +202,7 @@ class AsyncEvaluator:
             self._watcher.join(timeout=timeout_s / 2)
         self._stop.value = 1
         self.process.join(timeout=timeout_s / 2)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(timeout=timeout_s / 2)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(timeout=timeout_s / 2)
-        for q in (self._results, self._errors, self._commands):
-            q.cancel_join_thread()
-            q.close()
-        if self.process.exitcode is not None:
-            self.process.close()
+        reap_child(self.process, (self._results, self._errors, self._commands), timeout_s)
         self.process = None
         if self.block is not None:
             self.block.close(unlink=True)

@@ -17,6 +17,7 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from alfish.collect.child_process import finish_child
 from alfish.collect.shared_params import POLL_S, ParamBlock, SharedParams, rollout_state
 from alfish.envs.batched_env import EnvSettings
 from alfish.envs.spec import EnvSpec
@@ -135,16 +136,7 @@ def eval_child_main(spec: EvalSpec, shared: EvalShared, results: Any, errors: An
         exit_code = 1
     else:
         exit_code = 0
-    results.cancel_join_thread()  # never block exit on a queue nobody reads any more
-    for resource in (env, block):
-        if resource is not None:
-            try:
-                resource.close()
-            except Exception:  # noqa: BLE001  (exiting anyway)
-                pass
-    errors.close()
-    errors.join_thread()  # the traceback must reach the pipe before we exit
-    os._exit(exit_code)  # no interpreter teardown (C++ thread pools torn down at exit can abort), as the unroll child
+    finish_child((env, block), results, errors, exit_code)  # (os._exit: no interpreter teardown)
 
 
 def _serve(evaluator: Any, algorithm: torch.nn.Module, block: ParamBlock, tensors: dict[str, torch.Tensor],
