@@ -203,7 +203,18 @@ def trained_policy(args: argparse.Namespace, env: BatchedEnv, ckpt: LoadedCheckp
     does."""
     transformer, algorithm = restore_policy(TrainerConfig(root_dir=args.root_dir), env, ckpt)
     view = transformer.rollout_view(update_stats=False)
-    return lambda time_step: algorithm.predict_step(view(time_step), epsilon_greedy=args.epsilon_greedy).output
+    # a recurrent policy's state, one per env, reset at each episode's FIRST step (EMPTY for a stateless policy)
+    state = algorithm.initial_state(env.num_envs, next(iter(algorithm.parameters())).device)
+
+    def act(time_step: TimeStep) -> torch.Tensor:
+        nonlocal state
+        seen = view(time_step)
+        alg_step = algorithm.predict_step(seen, algorithm.reset_state(state, seen.step_type),
+                                          epsilon_greedy=args.epsilon_greedy)
+        state = alg_step.state
+        return alg_step.output
+
+    return act
 
 
 def rollout(env: BatchedEnv, policy: Policy, num_steps: int, seed: int) -> tuple[Steps, np.ndarray]:

@@ -39,6 +39,9 @@ SHRINK = {
     # as ppo_cartpole.gin, plus the observation normalizer (its statistics are checkpointed and used by play)
     "ppo_cartpole_normalized.gin": (["TrainerConfig.num_env_steps=512", "TrainerConfig.num_updates_per_train_iter=2",
                                      "TrainerConfig.eval_interval=1"] + EVAL_SMALL, 1024),
+    # as ppo_cartpole.gin, recurrent (a GRU encoder; the rollout state is checkpointed with the policy and used by play)
+    "ppo_cartpole_novelocity.gin": (["TrainerConfig.num_env_steps=512", "TrainerConfig.num_updates_per_train_iter=2",
+                                     "TrainerConfig.eval_interval=1"] + EVAL_SMALL, 1024),
     # 20 warm-up steps + 4 steps per iteration: 60 env steps = 10 iterations, then 100 = 20.
     "dqn_cartpole.gin": (["TrainerConfig.num_env_steps=60", "TrainerConfig.initial_collect_steps=20",
                           "TrainerConfig.unroll_length=4", "TrainerConfig.num_updates_per_train_iter=2",
@@ -75,7 +78,7 @@ OFFLINE_SHRINK = {"bc_pendulum.gin": (["NUM_ITERATIONS=20", "TrainerConfig.eval_
                   "iql_pendulum.gin": (["NUM_ITERATIONS=20", "TrainerConfig.eval_interval=10"] + EVAL_SMALL, 40)}
 EPISODE_LIMIT = {"sac_pendulum.gin": 200, "sac_pendulum_hybrid.gin": 200, "ppo_cartpole.gin": 500,
                  "a2c_cartpole.gin": 500,
-                 "ppo_cartpole_normalized.gin": 500, "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
+                 "ppo_cartpole_normalized.gin": 500, "ppo_cartpole_novelocity.gin": 500, "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
                  "ddpg_pendulum.gin": 200, "dqn_her_bitflip.gin": 10,
                  "sac_pendulum_realtime.gin": 200, "dqn_pong.gin": 50, "dqn_breakout.gin": 50, "ppo_pong.gin": 50,
                  "ppo_breakout.gin": 50}

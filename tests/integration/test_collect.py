@@ -317,3 +317,19 @@ def test_minari_format_reads_back_equal_to_the_alfish_format(sac_run, tmp_path, 
     metadata = json.loads((tmp_path / "as_minari" / "data" / "metadata.json").read_text())
     assert metadata["dataset_id"] == "alfish/test-v0"
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+
+
+@pytest.mark.timeout(90)
+def test_a_recurrent_policy_carries_its_state_through_the_episode(tmp_path, capsys):
+    """Recurrent PPO trained on alfish/MemoryCue-v0 (the cue is visible at the first step only): its greedy episodes
+    all return 1 only if the state it acted from is carried from step to step and reset at each episode's start."""
+    from .test_recurrent_learning import RECURRENT_PPO_MEMORY_CUE
+
+    root = train(tmp_path, RECURRENT_PPO_MEMORY_CUE.replace("num_checkpoints = 0", "num_checkpoints = 1"), "run")
+    out = tmp_path / "cue"
+    run_collect(capsys, "--root_dir", root, "--num_steps", 120, "--num_envs", 4, "--out", out)
+    steps = read_dataset(out)
+    check_steps(steps)
+    answered = steps.step_type == L
+    assert answered.sum() >= 16  # 6-step episodes, 30 steps per env
+    np.testing.assert_array_equal(steps.reward[answered & (steps.discount == 0)], 1.0)
