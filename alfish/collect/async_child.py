@@ -80,7 +80,7 @@ def _run(config: Any, env: Any, env_spec: Any, shared: SharedParams, block_name:
                         device=device)
     next_tick = time.monotonic()
     with torch.inference_mode():
-        while not stop.is_set() and parent_alive():
+        while not stop.value and parent_alive():
             version = _load_parameters(block, tensors, version, parent_alive)
             if step_interval_s > 0:
                 next_tick = _pace(next_tick, step_interval_s)
@@ -104,7 +104,7 @@ def _parse_config(spec: UnrollSpec) -> Any:
 
 def _wait_for_start(commands: Any, stop: Any, parent_alive: Callable[[], bool]) -> Optional[tuple]:
     """The trainer's ('start', block name, seed), or None when told to stop (or orphaned) first."""
-    while not stop.is_set() and parent_alive():
+    while not stop.value and parent_alive():
         try:
             return commands.get(timeout=POLL_S)
         except queue.Empty:
@@ -144,8 +144,8 @@ def _pace(next_tick: float, interval_s: float) -> float:
 
 
 def _put(steps: Any, item: Any, stop: Any, parent_alive: Callable[[], bool]) -> bool:
-    """Put with a timeout, re-checking the stop event and the parent; False when we should exit instead."""
-    while not stop.is_set() and parent_alive():
+    """Put with a timeout, re-checking the stop flag and the parent; False when we should exit instead."""
+    while not stop.value and parent_alive():
         try:
             steps.put(item, timeout=POLL_S)
             return True

@@ -15,6 +15,7 @@ reported with the signal and pid. Data transformer statistics (normalizers) are 
 """
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import logging
 import multiprocessing as mp
@@ -28,7 +29,7 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.async_child import UnrollSpec, child_main
-from alfish.collect.child_process import reap_child
+from alfish.collect.child_process import reap_child, without_rank_variables
 from alfish.collect.collector import Collector, ProgressPoint, Sink
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock, SharedParams, rollout_state
@@ -78,12 +79,13 @@ class AsyncCollector(Collector):
                  parameter_update_period: int = 1, stall_timeout_s: float = 60.0, device: torch.device = CPU,
                  startup_timeout_s: float = 300.0):
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or signal handlers
-        self.shared = SharedParams(self._ctx)
-        self._steps = self._ctx.Queue(maxsize=queue_size)
-        self._errors = self._ctx.Queue()
-        self._replies = self._ctx.Queue()  # child -> trainer: its EnvSpec
-        self._commands = self._ctx.Queue()  # trainer -> child: 'start'
-        self._stop = self._ctx.Event()
+        with without_rank_variables():  # (the first lock may start multiprocessing's resource tracker process)
+            self.shared = SharedParams(self._ctx)
+            self._steps = self._ctx.Queue(maxsize=queue_size)
+            self._errors = self._ctx.Queue()
+            self._replies = self._ctx.Queue()  # child -> trainer: its EnvSpec
+            self._commands = self._ctx.Queue()  # trainer -> child: 'start'
+        self._stop = self._ctx.RawValue("b", 0)  # a flag, not an Event (child_process.py)
         self.max_unroll_length = max_unroll_length
         self.parameter_update_period = parameter_update_period
         self.stall_timeout_s = stall_timeout_s
@@ -92,10 +94,13 @@ class AsyncCollector(Collector):
         self.block: Optional[ParamBlock] = None
         self.policy_lag = PolicyLag()
         self._iteration = 0
+        # Not a daemon, so that its envs may be subprocesses (vectorization='async'); ``close`` runs at exit too.
         self.process: Optional[mp.process.BaseProcess] = self._ctx.Process(
-            target=child_main, name="alfish-async-unroll", daemon=True,
+            target=child_main, name="alfish-async-unroll", daemon=False,
             args=(spec, self.shared, self._steps, self._errors, self._replies, self._commands, self._stop))
-        self.process.start()
+        with without_rank_variables():
+            self.process.start()
+        atexit.register(self.close)  # (registered after multiprocessing's own exit hook: runs before it)
         logging.info("async unroll: child process %d started", self.process.pid)
         try:
             self.spec = self._receive_spec()
@@ -214,13 +219,14 @@ class AsyncCollector(Collector):
             raise AsyncUnrollError(f"the async unroll child (pid {self.process.pid}) exited with code {code}")
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the child (event, then terminate, then kill; each step waits at most ``timeout_s / 2``)."""
+        """Stop the child (flag, then terminate, then kill; each step waits at most ``timeout_s / 2``)."""
         if self.process is None:
             return
-        self._stop.set()
+        atexit.unregister(self.close)
+        self._stop.value = 1
         deadline = time.monotonic() + timeout_s / 2
         while self.process.is_alive() and time.monotonic() < deadline:
-            self._drain()  # a child blocked on a full queue sees the stop event sooner
+            self._drain()  # a child blocked on a full queue sees the stop flag sooner
             self.process.join(timeout=0.05)
         if self.process.is_alive():
             self.process.terminate()

@@ -316,7 +316,8 @@ class EnvWorkers(gym.vector.AsyncVectorEnv):
 
     def _terminate_workers(self) -> None:
         """terminate(), a bounded join, then SIGKILL for any worker still alive; closes the pipes."""
-        processes = getattr(self, "processes", [])
+        # (a start-up that failed part-way leaves workers that were never started: nothing to stop or join there)
+        processes = [p for p in getattr(self, "processes", []) if p.pid is not None]
         for process in processes:
             if process.is_alive():
                 process.terminate()

@@ -9,7 +9,9 @@ What decides it (measurements: ``tools/bench/bench_threads.py``, figures in tool
   is taken by another process, each matmul waits for a descheduled worker. Measured on the 2-core development machine
   with other jobs running, a 256x256 update at batch 256 took ~11 ms on one thread and 130+ ms on two. So the count is
   the cores this process may use (CPU affinity and a cgroup quota, shared by the ranks of a torchrun job on this
-  machine) minus those other processes keep busy (measured over 0.2 s when training starts), never below 1.
+  machine) minus those other processes keep busy (measured over 0.2 s when training starts), never below 1. The run's
+  own child processes that work alongside training (the async unroll child, the async evaluator) are idle when that is
+  measured, so each counts as one busy core.
 """
 from __future__ import annotations
 
@@ -74,9 +76,10 @@ def auto_threads(macs: int, ranks_on_machine: int = 1, cores: Optional[int] = No
     return max(1, min(free, MAX_AUTO_THREADS))
 
 
-def set_threads(setting: int | str | None, module: nn.Module, batch: int) -> None:
+def set_threads(setting: int | str | None, module: nn.Module, batch: int, own_children: int = 0) -> None:
     """Apply ``Trainer.num_threads``: ``None`` leaves torch's default, an int is used as is, ``'auto'`` follows the
-    rule above for ``module`` trained on batches of ``batch`` rows (logged with its reasons)."""
+    rule above for ``module`` trained on batches of ``batch`` rows (logged with its reasons); ``own_children``: child
+    processes of this rank that will work alongside training (one busy core each)."""
     if setting is None:
         return
     if setting != AUTO:
@@ -88,9 +91,9 @@ def set_threads(setting: int | str | None, module: nn.Module, batch: int) -> Non
         threads, why = 1, f"largest matmul {macs / 1e6:.1f}M MACs < {MIN_MACS_FOR_THREADS / 1e6:.0f}M"
     else:
         cores, busy = cores_available(), busy_cores()
-        threads = auto_threads(macs, ranks, cores, busy)
+        threads = auto_threads(macs, ranks, cores, busy + own_children * ranks)
         why = (f"largest matmul {macs / 1e6:.1f}M MACs; {cores} cores available, {busy:.1f} busy, {ranks} rank(s) "
-               "on this machine")
+               f"on this machine" + (f", {own_children} child process(es) of this rank" if own_children else ""))
     torch.set_num_threads(threads)
     logging.info("Trainer.num_threads='auto': %d torch thread(s) (%s)", threads, why)
 

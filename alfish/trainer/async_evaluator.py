@@ -25,8 +25,8 @@ Failures: building the eval envs or the policy copy fails in the constructor, wi
 synchronous evaluator would when building its envs: a bad ``eval/create_environment`` binding is a build error).
 Later, an exception in the child (with its traceback), the child's death (with its signal) or a hang (a request
 outstanding and no env step for ``stall_timeout_s``) is noticed by the watcher thread within ``POLL_S``, logged at
-once, and raised as ``AsyncEvalError`` in the training thread by the next ``record`` or ``wait`` (the next due
-evaluation, or the end of the run).
+once, and raised as ``AsyncEvalError`` in the training thread by ``check``, which the Trainer calls after every
+iteration (or by the next ``record`` or ``wait``).
 
 The child (and multiprocessing's resource tracker, if this starts it) gets the trainer's environment minus torchrun's
 rank variables (``RANK``, ``LOCAL_RANK``, ...): it is not a rank of the job, and tools that find a job's ranks by
@@ -35,7 +35,6 @@ them must not take it for one.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import dataclasses
 import logging
 import multiprocessing as mp
@@ -44,10 +43,10 @@ import queue
 import signal
 import threading
 import time
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from alfish.algorithms.base import Algorithm
-from alfish.collect.child_process import reap_child
+from alfish.collect.child_process import reap_child, without_rank_variables
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock
 from alfish.trainer.eval_child import EvalShared, EvalSpec, eval_child_main, eval_state, gin_constants
 from alfish.trainer.evaluator import EvalResult, write_evaluation
@@ -82,14 +81,13 @@ class AsyncEvaluator:
     def __init__(self, spec: EvalSpec, transformer: DataTransformer, stall_timeout_s: float = 60.0,
                  startup_timeout_s: float = 300.0):
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or signal handlers
-        with _without_rank_variables():  # (the first lock may start multiprocessing's resource tracker process)
+        with without_rank_variables():  # (the first lock may start multiprocessing's resource tracker process)
             self.shared = EvalShared(self._ctx)
             self._results = self._ctx.Queue()  # at most one item per request
             self._errors = self._ctx.Queue()
             self._commands = self._ctx.Queue()  # trainer -> child: the block's name, then a wake-up per request
-        # A flag, not an Event: Event.set() waits (without a timeout) for the waiters it wakes, and a waiter that was
-        # SIGKILLed never wakes; nothing here blocks on a lock the child could die holding, except the parameter
-        # lock, whose waits poll the child.
+        # A flag, not an Event (child_process.py); nothing here blocks on a lock the child could die holding, except
+        # the parameter lock, whose waits poll the child.
         self._stop = self._ctx.RawValue("b", 0)
         self.transformer = transformer
         self.uncertainty = spec.uncertainty
@@ -107,7 +105,7 @@ class AsyncEvaluator:
         self.process: Optional[mp.process.BaseProcess] = self._ctx.Process(
             target=eval_child_main, name="alfish-async-eval", daemon=False,
             args=(spec, self.shared, self._results, self._errors, self._commands, self._stop))
-        with _without_rank_variables():
+        with without_rank_variables():
             self.process.start()
         atexit.register(self.close)  # (registered after multiprocessing's own exit hook: runs before it)
         self.pid = self.process.pid
@@ -161,6 +159,10 @@ class AsyncEvaluator:
                 self._beat_at = time.monotonic()  # the hang clock runs while a request is outstanding
             self._pending[version] = request
         self._commands.put(("evaluate", version))  # (never blocks: the queue is unbounded, one item per request)
+
+    def check(self) -> None:
+        """Raise the failure the watcher found (the child's exception, death or hang), if any; never waits."""
+        self._raise_failure()
 
     def wait(self) -> None:
         """Return once every request is recorded (the end of a run)."""
@@ -228,7 +230,7 @@ class AsyncEvaluator:
                     self._failure = err
                     self._cond.notify_all()
                 if not closing:
-                    logging.error("asynchronous evaluation failed (the run stops at its next evaluation): %s", err)
+                    logging.error("asynchronous evaluation failed (the run stops after this iteration): %s", err)
                 return
 
     def _record(self, version: int, result: EvalResult, eval_s: float) -> None:
@@ -282,18 +284,3 @@ class AsyncEvaluator:
         if failure is not None:
             raise failure
 
-
-#: torchrun's per-process identity; the child is not a rank of the job.
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
-                  "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE")
-
-
-@contextlib.contextmanager
-def _without_rank_variables() -> Iterator[None]:
-    """``os.environ`` without torchrun's rank variables while a child is spawned (spawn passes the environment as it
-    is then); restored afterwards."""
-    saved = {name: os.environ.pop(name) for name in RANK_VARIABLES if name in os.environ}
-    try:
-        yield
-    finally:
-        os.environ.update(saved)

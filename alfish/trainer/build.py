@@ -120,7 +120,8 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
     if offline_options is not None:
         check_offline_combinations(config, offline_options, algorithm.on_policy, type(algorithm).__name__)
     if options.num_threads == AUTO:
-        set_threads(AUTO, algorithm, training_batch_rows(config, spec.num_envs, algorithm.on_policy))
+        children = int(config.async_unroll) + int(config.evaluate and config.async_eval and dist.is_main)
+        set_threads(AUTO, algorithm, training_batch_rows(config, spec.num_envs, algorithm.on_policy), children)
     if options.random_warm_up_actions:
         check_random_actions_storable(algorithm, transformer, spec)
     total_envs = spec.num_envs * dist.world_size  # num_parallel_environments and mini_batch_size are per rank
@@ -190,10 +191,12 @@ def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Op
         raise ValueError(f"TrainerConfig.async_unroll=True needs an off-policy algorithm; {name} trains on-policy on "
                          "the unroll it just made (with gradients), which another process cannot provide")
     rollout_device = DevicePolicy().rollout_device
-    if not config.async_unroll and rollout_device != "cpu":
-        raise ValueError(f"DevicePolicy.rollout_device='{rollout_device}' applies to the async unroll child, but "
-                         "TrainerConfig.async_unroll=False: the synchronous unroll acts on DevicePolicy.device; "
-                         "remove the binding or set async_unroll=True")
+    evaluates_in_a_child = config.evaluate and config.async_eval
+    if not config.async_unroll and not evaluates_in_a_child and rollout_device != "cpu":
+        raise ValueError(f"DevicePolicy.rollout_device='{rollout_device}' applies to the async unroll and async eval "
+                         "children, but this run has neither (TrainerConfig.async_unroll=False and no asynchronous "
+                         "evaluation): the synchronous unroll acts on DevicePolicy.device; remove the binding or set "
+                         "async_unroll=True")
     if on_policy is False and config.unroll_with_grad:
         raise ValueError(f"TrainerConfig.unroll_with_grad=True: {name} is off-policy and stores its steps in the "
                          "replay buffer, where autograd graphs must not be kept; set it to False (on-policy "

@@ -62,6 +62,10 @@ class EvaluatorPart(Protocol):
     def record(self, algorithm: Algorithm, summaries: Any, root_dir: str, counters: Any) -> None:
         """Evaluate the current parameters and record the result against ``counters``' iteration and env steps."""
 
+    def check(self) -> None:
+        """Raise what went wrong since the last call, without waiting (called every iteration, so a failed
+        asynchronous evaluator stops the run at once, not at the next due evaluation)."""
+
     def wait(self) -> None:
         """Return once every evaluation asked for is recorded (raises what went wrong on the way)."""
 
@@ -146,6 +150,9 @@ class Evaluator:
         result = self.evaluate(algorithm)
         write_evaluation(result, summaries, root_dir, counters.iteration, counters.env_steps, counters.elapsed_s(),
                          time.monotonic() - start)
+
+    def check(self) -> None:
+        """Nothing runs in the background here."""
 
     def wait(self) -> None:
         """Nothing is ever in flight here."""

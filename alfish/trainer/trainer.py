@@ -169,8 +169,10 @@ class Trainer:
         it = self.counters.iteration
         if self.summaries.is_due(it):
             self._write_summaries()
-        if self.evaluator is not None and self.plan.evaluation_due(it):
-            self._evaluate()
+        if self.evaluator is not None:
+            self.evaluator.check()  # an asynchronous evaluator's failure stops the run now, not at the next evaluation
+            if self.plan.evaluation_due(it):
+                self._evaluate()
         if self.plan.checkpoint_due(it):
             self.save_checkpoint()
         self.profiler.step(it)

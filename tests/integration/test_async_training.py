@@ -166,3 +166,34 @@ TrainerConfig.evaluate = False
     assert min(received) == 0.0
     assert max(received) <= 2.0  # max_unroll_length
     assert env_steps[-1] == 100 + sum(received)  # the 100 warm-up steps, then what each iteration took
+
+
+@pytest.mark.timeout(90)
+def test_the_child_may_step_env_worker_processes_and_is_not_taken_for_a_rank(tmp_path, monkeypatch):
+    """vectorization='async' inside the async unroll child: its envs are worker processes of its own, which a daemonic
+    child could not start. The child's environment lacks torchrun's rank variables. Nothing is left behind."""
+    import gin
+
+    from alfish.config import TrainerConfig, load_conf
+    from alfish.trainer.build import build_trainer
+
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))  # (a rank variable torchrun sets)
+    conf = tmp_path / "conf.gin"
+    conf.write_text(SAC_POINT_GOAL + ASYNC + """
+create_environment.vectorization = 'async'
+create_environment.num_parallel_environments = 2
+TrainerConfig.num_env_steps = 300
+TrainerConfig.evaluate = False
+""")
+    load_conf(str(conf))
+    try:
+        trainer = build_trainer(TrainerConfig(root_dir=str(tmp_path / "run")))
+        child = psutil.Process(trainer.collector.process.pid)
+        assert "TORCHELASTIC_ERROR_FILE" not in child.environ()
+        assert len(child.children(recursive=True)) >= 3  # its forkserver and the env workers it forked
+        assert trainer.run() == 0
+    finally:
+        gin.clear_config()
+    assert trainer.counters.env_steps >= 300
+    assert not psutil.pid_exists(child.pid) or child.status() == psutil.STATUS_ZOMBIE
+    assert not unroll_children(os.getpid())

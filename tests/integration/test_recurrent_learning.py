@@ -189,3 +189,17 @@ def test_recurrent_ppo_learns_the_cue_on_two_ranks_with_identical_parameters(tmp
         assert torch.equal(params[0][name], params[1][name]), name
     returns = [r["average_return"] for r in eval_log(root)]
     assert returns[0] < 0.5 and returns[-1] >= 0.9, returns
+
+
+@pytest.mark.timeout(90)
+def test_recurrent_dqn_resumes_with_its_stored_rollout_states(tmp_path):
+    """Stopped at iteration 75 of 150 and resumed: the replay buffer (with each step's rollout state) comes back
+    from the checkpoint, and the resumed run still learns the cue."""
+    conf = tmp_path / "memory.gin"
+    conf.write_text(RECURRENT_DQN_MEMORY_CUE)
+    root = tmp_path / "run"
+    assert run_trainer(conf, root, ["TrainerConfig.num_iterations = 75", "TrainerConfig.num_checkpoints = 1"]) == 0
+    assert run_trainer(conf, root, ["TrainerConfig.num_checkpoints = 2"]) == 0  # (replay buffers are saved by default)
+    log = eval_log(root)
+    assert [r["iteration"] for r in log] == list(range(15, 151, 15))  # continued from 75, not restarted
+    assert log[-1]["average_return"] >= 0.9, [r["average_return"] for r in log]

@@ -66,3 +66,22 @@ def test_build_trainer_gives_a_small_network_one_thread(tmp_path):
     finally:
         gin.clear_config()
         torch.set_num_threads(before)
+
+
+def test_the_runs_own_child_processes_count_as_busy_cores(monkeypatch):
+    from torch import nn
+
+    from alfish.learn import threads
+
+    monkeypatch.setattr(threads, "cores_available", lambda: 4)
+    monkeypatch.setattr(threads, "busy_cores", lambda: 0.0)  # the children are idle when this is measured
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    big = nn.Linear(1024, 1024)  # 1M weights: batch 256 -> 268M MACs, above the threshold
+    before = torch.get_num_threads()
+    try:
+        threads.set_threads("auto", big, 256)
+        assert torch.get_num_threads() == 4
+        threads.set_threads("auto", big, 256, own_children=2)  # async unroll child and async evaluator
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)

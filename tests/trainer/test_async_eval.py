@@ -146,6 +146,21 @@ TrainerConfig.eval_interval = 20
     assert block_names and block_names[0] not in shm_entries()  # the parameter block is unlinked
 
 
+def test_a_dead_evaluator_stops_training_at_once_not_at_the_next_due_evaluation(tmp_path):
+    trainer = build(tmp_path, OFF_POLICY_POINT_GOAL + SAC + """
+TrainerConfig.num_env_steps = 10000000
+TrainerConfig.eval_interval = 1000000
+""")
+    pid = trainer.evaluator.pid
+    os.kill(pid, signal.SIGKILL)  # before any evaluation is due: the first would be at iteration 1,000,000
+    start = time.monotonic()
+    with pytest.raises(AsyncEvalError, match="was killed by signal SIGKILL"):
+        trainer.run()
+    assert time.monotonic() - start < 10
+    assert trainer.counters.iteration < 100000, trainer.counters.iteration
+    assert not spawned_children()
+
+
 class Parts:
     """What build_trainer gives the evaluator, for a conf: the config, the training spec, the policy."""
 

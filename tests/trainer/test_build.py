@@ -8,7 +8,7 @@ import pytest
 from alfish.algorithms.a2c import A2cAlgorithm
 from alfish.algorithms.sac import SacAlgorithm
 from alfish.config import TrainerConfig
-from alfish.trainer.build import build_trainer
+from alfish.trainer.build import build_trainer, check_combinations
 from alfish.trainer.checkpoint import Checkpointer, CheckpointError
 from alfish.trainer.options import RunOptions
 from alfish.trainer.resume import check_resumable
@@ -42,9 +42,12 @@ def test_a_rollout_device_that_nothing_would_use_is_refused_first(tmp_path):
     gin.bind_parameter("DevicePolicy.rollout_device", "cuda")
     try:
         with pytest.raises(ValueError, match=r"^DevicePolicy.rollout_device='cuda' applies to the async unroll "
-                                             r"child, but TrainerConfig.async_unroll=False"):
+                                             r"and async eval children, but this run has neither"):
             build_trainer(TrainerConfig(root_dir=str(tmp_path / "root"), algorithm_ctor=SacAlgorithm))
         assert not (tmp_path / "root").exists()
+        # the asynchronous evaluator's policy copy acts there: accepted
+        check_combinations(TrainerConfig(root_dir=str(tmp_path / "root"), algorithm_ctor=SacAlgorithm, evaluate=True,
+                                         async_eval=True), RunOptions(), on_policy=False)
     finally:
         gin.clear_config()
 
