@@ -145,5 +145,5 @@ register_toy_envs()
 
 import alfish.envs.bit_flipping  # noqa: E402,F401  (registers alfish/BitFlipping-v0 with the other toys)
 import alfish.envs.latency  # noqa: E402,F401  (registers alfish/Latency-v0)
-import alfish.envs.pixel  # noqa: E402,F401  (registers alfish/PixelCorridor-v0 and alfish/DictCorridor-v0)
 import alfish.envs.masked  # noqa: E402,F401  (registers alfish/CartPoleNoVelocity-v1)
+import alfish.envs.pixel  # noqa: E402,F401  (registers alfish/PixelCorridor-v0 and alfish/DictCorridor-v0)

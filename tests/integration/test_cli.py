@@ -78,7 +78,8 @@ OFFLINE_SHRINK = {"bc_pendulum.gin": (["NUM_ITERATIONS=20", "TrainerConfig.eval_
                   "iql_pendulum.gin": (["NUM_ITERATIONS=20", "TrainerConfig.eval_interval=10"] + EVAL_SMALL, 40)}
 EPISODE_LIMIT = {"sac_pendulum.gin": 200, "sac_pendulum_hybrid.gin": 200, "ppo_cartpole.gin": 500,
                  "a2c_cartpole.gin": 500,
-                 "ppo_cartpole_normalized.gin": 500, "ppo_cartpole_novelocity.gin": 500, "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
+                 "ppo_cartpole_normalized.gin": 500, "ppo_cartpole_novelocity.gin": 500,
+                 "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
                  "ddpg_pendulum.gin": 200, "dqn_her_bitflip.gin": 10,
                  "sac_pendulum_realtime.gin": 200, "dqn_pong.gin": 50, "dqn_breakout.gin": 50, "ppo_pong.gin": 50,
                  "ppo_breakout.gin": 50}

@@ -142,7 +142,8 @@ FEED_FORWARD = ["EncodingNetwork.rnn = None", "TrainerConfig.use_rollout_state =
 @pytest.mark.timeout(90)
 def test_recurrent_ppo_balances_cartpole_without_velocities(tmp_path):
     root = tmp_path / "run"
-    assert run_trainer(NO_VELOCITY, root, ["TrainerConfig.num_env_steps = 40000", "TrainerConfig.num_checkpoints = 0"]) == 0
+    assert run_trainer(NO_VELOCITY, root, ["TrainerConfig.num_env_steps = 40000",
+                                           "TrainerConfig.num_checkpoints = 0"]) == 0
     returns = [r["average_return"] for r in eval_log(root)]
     assert max(returns) >= 195, returns  # CartPole-v0's "solved", 4x what the feed-forward policy reaches
 
@@ -161,7 +162,8 @@ def test_feed_forward_ppo_cannot_balance_cartpole_without_velocities(tmp_path):
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_shipped_recurrent_conf_reaches_475_without_velocities(tmp_path, seed):
     root = tmp_path / "run"
-    assert run_trainer(NO_VELOCITY, root, [f"TrainerConfig.random_seed = {seed}", "TrainerConfig.num_checkpoints = 0"]) == 0
+    assert run_trainer(NO_VELOCITY, root, [f"TrainerConfig.random_seed = {seed}",
+                                           "TrainerConfig.num_checkpoints = 0"]) == 0
     returns = [r["average_return"] for r in eval_log(root)]
     assert max(returns) >= 475, returns
 
@@ -172,7 +174,6 @@ def test_recurrent_ppo_learns_the_cue_on_two_ranks_with_identical_parameters(tmp
     """torchrun, 2 gloo ranks: each rank unrolls its own 8 envs and keeps its own rollout states; gradients over
     whole sequences are averaged; the parameter check every iteration would stop the job if the ranks diverged."""
     import subprocess
-    import sys
 
     import torch
 
