@@ -1,6 +1,6 @@
 """Play a trained policy from its results directory: print each episode's return and length, optionally record it.
 
-    python -m alfish.bin.play --root_dir runs/sac [--checkpoint_step N] [--num_episodes K]
+    python -m alfish.bin.play --root_dir runs/sac [--checkpoint_step N | --best] [--num_episodes K]
                               [--record_file out.mp4|out.gif] [--epsilon_greedy E] [--render]
                               [--allow_import PREFIX ...]
 
@@ -20,16 +20,17 @@ import tempfile
 from typing import Optional, Sequence
 
 import gymnasium as gym
-import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.algorithms.build import build_policy
 from alfish.config import ConfError, TrainerConfig, load_config_text
 from alfish.config.untrusted import TRUST_ALL, check_env_names, trusted_prefixes
-from alfish.data.types import StepType, TimeStep
+from alfish.data.types import TimeStep
 from alfish.envs.batched_env import BatchedEnv, environment_settings
 from alfish.envs.spec import EnvSpec
+from alfish.trainer import episodes
 from alfish.trainer.checkpoint import META, Checkpointer, CheckpointError, LoadedCheckpoint
+from alfish.trainer.lifecycle import BEST_DIR
 from alfish.transforms.base import SequentialDataTransformer
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
@@ -46,6 +47,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--root_dir", required=True)
     parser.add_argument("--checkpoint_step", type=int, default=None,
                         help="iteration of the checkpoint (default: newest)")
+    parser.add_argument("--best", action="store_true",
+                        help="the policy of the best evaluation (ROOT_DIR/checkpoints/best, kept by "
+                             "Trainer.keep_best_checkpoint)")
     parser.add_argument("--num_episodes", type=int, default=1)
     parser.add_argument("--record_file", default=None, help="write a video: .mp4 (imageio-ffmpeg) or .gif")
     parser.add_argument("--epsilon_greedy", type=float, default=0.0,
@@ -68,6 +72,8 @@ def check_args(args: argparse.Namespace) -> None:
     """
     if args.num_episodes < 1:
         raise PlayError(f"--num_episodes {args.num_episodes} must be >= 1")
+    if args.best and args.checkpoint_step is not None:
+        raise PlayError("--best and --checkpoint_step name different checkpoints; give one")
     if args.record_file:
         check_record_file(args.record_file)
 
@@ -112,7 +118,15 @@ def check_record_file(path: str) -> None:
                             f"{_RENDER_EXTRA} (or record a .gif)") from None
 
 
-def load_checkpoint(root_dir: str, step: Optional[int]) -> LoadedCheckpoint:
+def load_checkpoint(root_dir: str, step: Optional[int], best: bool = False) -> LoadedCheckpoint:
+    """The checkpoint of iteration ``step`` (default: the newest that verifies), or with ``best`` the best policy
+    kept in ``ROOT_DIR/checkpoints/best``."""
+    if best:
+        ckpt = Checkpointer(os.path.join(root_dir, BEST_DIR)).load_latest()
+        if ckpt is None:
+            raise CheckpointError(f"no best checkpoint under {root_dir}/{BEST_DIR}; it is kept by runs with "
+                                  "TrainerConfig.evaluate=True and Trainer.keep_best_checkpoint=True (the default)")
+        return ckpt
     checkpointer = Checkpointer(os.path.join(root_dir, "checkpoints"))
     if step is not None:
         return checkpointer.load(step)
@@ -165,14 +179,7 @@ def restore_policy(config: TrainerConfig, env: BatchedEnv,
     return transformer, algorithm
 
 
-def write_video(path: str, frames: list, fps: int) -> None:
-    import imageio.v2 as imageio  # the 'render' extra
-
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    if path.endswith(".gif"):
-        imageio.mimsave(path, frames, duration=1000.0 / fps, loop=0)
-    else:
-        imageio.mimsave(path, frames, fps=fps, macro_block_size=1)
+write_video = episodes.write_video  # (kept importable from here)
 
 
 def play_episodes(args: argparse.Namespace, env: BatchedEnv, transformer: SequentialDataTransformer,
@@ -181,29 +188,11 @@ def play_episodes(args: argparse.Namespace, env: BatchedEnv, transformer: Sequen
 
     With a --record_file, a frame is appended to `frames` after every step.
     """
-    view = transformer.rollout_view(update_stats=False)
-    returns: list[float] = []
-    with torch.inference_mode():
-        episode_return, episode_length = 0.0, 0
-        # a recurrent policy's state, reset at each episode's FIRST step (EMPTY for a stateless one)
-        state = algorithm.initial_state(env.num_envs, next(iter(algorithm.parameters())).device)
-        while len(returns) < args.num_episodes:
-            seen = view(time_step)
-            alg_step = algorithm.predict_step(seen, algorithm.reset_state(state, seen.step_type),
-                                              epsilon_greedy=args.epsilon_greedy)
-            action, state = alg_step.output, alg_step.state
-            time_step = env.step(action)
-            if int(time_step.step_type[0]) == StepType.FIRST:
-                continue  # the autoreset step after LAST: not part of any episode
-            if args.record_file:
-                frames.append(env.render()[0])
-            episode_return += float(time_step.reward[0])
-            episode_length += 1
-            if int(time_step.step_type[0]) == StepType.LAST:
-                returns.append(episode_return)
-                print(f"episode {len(returns)}: return {episode_return:.2f} length {episode_length}", flush=True)
-                episode_return, episode_length = 0.0, 0
-    return returns
+    def report(index: int, episode_return: float, length: int) -> None:
+        print(f"episode {index}: return {episode_return:.2f} length {length}", flush=True)
+
+    return episodes.play_episodes(env, transformer, algorithm, time_step, args.num_episodes, args.epsilon_greedy,
+                                  frames if args.record_file else None, report)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -213,7 +202,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         check_args(args)
         trusted = trusted_prefixes(args.allow_import)
-        ckpt = load_checkpoint(args.root_dir, args.checkpoint_step)
+        ckpt = load_checkpoint(args.root_dir, args.checkpoint_step, args.best)
         config = load_stored_config(args.root_dir, ckpt, trusted)
         if config.ml_type != "rl":
             raise PlayError(f"{args.root_dir} trained a supervised model (TrainerConfig.ml_type={config.ml_type!r}): "

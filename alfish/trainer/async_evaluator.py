@@ -38,7 +38,6 @@ import atexit
 import dataclasses
 import logging
 import multiprocessing as mp
-import os
 import queue
 import signal
 import threading
@@ -49,7 +48,7 @@ from alfish.algorithms.base import Algorithm
 from alfish.collect.child_process import reap_child, without_rank_variables
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock
 from alfish.trainer.eval_child import EvalShared, EvalSpec, eval_child_main, eval_state, gin_constants
-from alfish.trainer.evaluator import EvalResult, write_evaluation
+from alfish.trainer.evaluator import EvalResult, Evaluation, policy_snapshot, write_evaluation
 from alfish.transforms.base import DataTransformer
 
 __all__ = ["AsyncEvalError", "AsyncEvaluator", "EvalSpec", "gin_constants"]
@@ -67,6 +66,7 @@ class _Request:
     elapsed_s: float
     summaries: Any
     root_dir: str
+    snapshot: Optional[dict[str, Any]] = None  # the evaluated parameters (keep_snapshots)
 
 
 class AsyncEvaluator:
@@ -94,6 +94,8 @@ class AsyncEvaluator:
         self.stall_timeout_s = stall_timeout_s
         self.startup_timeout_s = startup_timeout_s
         self.num_evaluations = 0
+        self.keep_snapshots = False  # set by the trainer when a callback needs the evaluated parameters
+        self._completed: list[Evaluation] = []  # recorded by the watcher, handed to the training thread
         self.waits, self.waited_s = 0, 0.0  # how often, and how long, training waited for a running evaluation
         self.block: Optional[ParamBlock] = None
         self._pending: dict[int, _Request] = {}  # version -> request, until recorded (at most one)
@@ -151,7 +153,8 @@ class AsyncEvaluator:
             self._commands.put(("block", self.block.name))
         index = self.num_evaluations
         self.num_evaluations += 1
-        request = _Request(counters.iteration, counters.env_steps, counters.elapsed_s(), summaries, root_dir)
+        request = _Request(counters.iteration, counters.env_steps, counters.elapsed_s(), summaries, root_dir,
+                           policy_snapshot(algorithm, self.transformer) if self.keep_snapshots else None)
         with self._cond:  # registered before its result can be looked up
             version = self.block.write(state, (request.iteration, request.env_steps, request.elapsed_s, index),
                                        keep_waiting=self._child_alive)
@@ -163,6 +166,11 @@ class AsyncEvaluator:
     def check(self) -> None:
         """Raise the failure the watcher found (the child's exception, death or hang), if any; never waits."""
         self._raise_failure()
+
+    def completed(self) -> list[Evaluation]:
+        with self._cond:
+            done, self._completed = self._completed, []
+        return done
 
     def wait(self) -> None:
         """Return once every request is recorded (the end of a run)."""
@@ -239,6 +247,7 @@ class AsyncEvaluator:
         write_evaluation(result, request.summaries, request.root_dir, request.iteration, request.env_steps,
                          request.elapsed_s, eval_s, asynchronous=True)
         with self._cond:  # outstanding until written: wait() returns only after the record is
+            self._completed.append(Evaluation(request.iteration, request.env_steps, result, request.snapshot))
             del self._pending[version]
             self._beat_at = time.monotonic()
             self._cond.notify_all()

@@ -46,10 +46,13 @@ from alfish.replay.supervised_data import SupervisedData
 from alfish.schedulers import as_scheduler
 from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
 from alfish.trainer.async_evaluator import AsyncEvaluator, EvalSpec, gin_constants
+from alfish.trainer.callbacks import CallbackList, TrainerCallback
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.disk import DiskWriteError, write_failure
+from alfish.trainer.eval_video import EvalVideo, check_video_support
 from alfish.trainer.evaluator import Evaluator, EvaluatorPart
+from alfish.trainer.lifecycle import BestCheckpoint, EvaluateAtStart, StopAtValue, TimedCheckpoints
 from alfish.trainer.offline_parts import (
     build_offline_collector,
     build_offline_replay,
@@ -68,6 +71,7 @@ from alfish.trainer.summary import NullSummaries, Summaries
 from alfish.trainer.supervised_training import SupervisedTraining
 from alfish.trainer.trainer import Trainer
 from alfish.trainer.training import OnPolicyTraining, SampledReplayTraining, TrainingStep, WholeBufferTraining
+from alfish.trainer.warm_start import WarmStart
 from alfish.transforms.base import STAGE_READS_BUFFER, DataTransformer
 
 
@@ -85,7 +89,7 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
     device = devices.training_device()
     dist = init_distributed(device)
     os.makedirs(config.root_dir, exist_ok=True)
-    checkpointer = Checkpointer(os.path.join(config.root_dir, "checkpoints"))
+    checkpointer = Checkpointer(os.path.join(config.root_dir, "checkpoints"), options.max_checkpoints_to_keep)
     resume_from = choose_resume_point(config.root_dir, checkpointer, dist, fresh)  # rank 0 chooses for all
     seed = int(broadcast_object(_choose_seed(config, resume_from), dist))
     rank_seed = seed + RANK_SEED_OFFSET * dist.rank
@@ -150,7 +154,8 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
         summaries = Summaries(config.root_dir, plan.summary_interval, config.summarize_first_interval,
                               config.summaries_flush_secs, config.summary_max_queue,
                               global_step=(lambda: learner.num_updates) if config.update_counter_every_mini_batch
-                              else None, interval_counts_global_step=config.num_summaries is None)
+                              else None, interval_counts_global_step=config.num_summaries is None,
+                              csv_path=os.path.join(config.root_dir, "scalars.csv") if options.scalars_csv else None)
     if config.summarize_gradient_noise_scale or config.summarize_output:  # measured inside the summarized updates
         learner.diagnostics = Diagnostics(algorithm, config.summarize_gradient_noise_scale, config.summarize_output,
                                           lambda update: summaries.due_for_update(counters.iteration + 1, update))
@@ -161,7 +166,32 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
     return Trainer(config=config, options=options, dist=dist, plan=plan, counters=counters, collector=collector,
                    replay=replay, learner=learner, training=training, algorithm=algorithm, transformer=transformer,
                    evaluator=evaluator, summaries=summaries, checkpointer=checkpointer, seed=seed,
-                   rank_seed=rank_seed, resume_from=resume_from, profiler=profiler)
+                   rank_seed=rank_seed, resume_from=resume_from, profiler=profiler,
+                   callbacks=build_callbacks(config, options, dist, seed))
+
+
+def build_callbacks(config: TrainerConfig, options: RunOptions, dist: DistContext, seed: int) -> CallbackList:
+    """The lifecycle callbacks the ``Trainer.*`` options ask for, then the user's ``Trainer.callbacks``, in the
+    order they run: a warm start loads weights before the evaluation at iteration 0 scores them. The callbacks that
+    react to evaluations or write files exist on rank 0 only (it alone evaluates and writes); their decisions reach
+    the other ranks through the per-iteration agreement."""
+    callbacks: list[TrainerCallback] = []
+    if options.warm_start_from is not None:
+        callbacks.append(WarmStart(options.warm_start_from, options.warm_start))  # every rank loads the same weights
+    if dist.is_main:
+        if options.checkpoint_interval_s is not None:
+            callbacks.append(TimedCheckpoints(options.checkpoint_interval_s))
+        if config.evaluate:
+            if options.evaluate_at_start:
+                callbacks.append(EvaluateAtStart())
+            if options.keep_best_checkpoint:
+                callbacks.append(BestCheckpoint(config.root_dir))
+            if options.stop_value is not None:
+                callbacks.append(StopAtValue(options.stop_value))
+            if options.eval_video_interval:
+                callbacks.append(EvalVideo(config.root_dir, options.eval_video_interval, options.eval_video_format,
+                                           seed + EVAL_SEED_OFFSET))
+    return CallbackList(callbacks + list(options.callbacks))
 
 
 def record_code(config: TrainerConfig, options: RunOptions, summaries: Summaries) -> NullProfiler:
@@ -187,6 +217,14 @@ def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Op
     if options.random_warm_up_actions and (on_policy or config.async_unroll):
         raise ValueError("Trainer.random_warm_up_actions=True needs an off-policy algorithm and a synchronous unroll "
                          "(TrainerConfig.async_unroll=False): the warm-up runs in this process")
+    needs_evaluation = [name for name, value in (("stop_value", options.stop_value is not None),
+                                                 ("evaluate_at_start", options.evaluate_at_start),
+                                                 ("eval_video_interval", options.eval_video_interval > 0)) if value]
+    if needs_evaluation and not config.evaluate:
+        raise ValueError(f"Trainer.{needs_evaluation[0]} acts on evaluations, and TrainerConfig.evaluate=False: set "
+                         "TrainerConfig.evaluate=True or remove the binding")
+    if options.eval_video_interval:
+        check_video_support(options.eval_video_format)
     if on_policy and config.async_unroll:
         raise ValueError(f"TrainerConfig.async_unroll=True needs an off-policy algorithm; {name} trains on-policy on "
                          "the unroll it just made (with gradients), which another process cannot provide")

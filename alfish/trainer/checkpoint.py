@@ -213,8 +213,8 @@ class Checkpointer:
 
     Args:
         ckpt_root: directory holding the checkpoints; created on the first save.
-        max_to_keep: how many checkpoints to keep; after each successful save the oldest (by step) beyond this many
-            are deleted. ``None`` keeps all.
+        max_to_keep: how many checkpoints to keep; after each successful save, once the new checkpoint verified
+            (its files read back and hashed), the oldest (by step) beyond this many are deleted. ``None`` keeps all.
 
     Only one process may save into a ``ckpt_root`` at a time (in DDP: rank 0).
     """
@@ -327,6 +327,8 @@ class Checkpointer:
                 failed = os.path.basename(current) if os.path.dirname(current) == tmp else ""
                 raise self._write_error(final, failed, os_err) from e
             raise
+        if self.max_to_keep is not None:
+            self._verify(final, step)  # older checkpoints are deleted only once the newest reads back intact
         self._prune(keep=step)
         return final
 

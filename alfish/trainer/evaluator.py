@@ -15,6 +15,7 @@ an ensemble (PPO, A2C, DQN, BC) record the return spread only.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -52,12 +53,29 @@ class EvalResult(NamedTuple):
         return {name: getattr(self, name) for name in UNCERTAINTY_FIELDS if getattr(self, name) is not None}
 
 
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """One recorded evaluation, as the trainer's callbacks get it (``alfish.trainer.callbacks``).
+
+    iteration, env_steps: the counters of the evaluated parameters. snapshot: those parameters, ``{"algorithm": state
+    dict, "transformers": state dict}`` (CPU copies), when they are no longer the trainer's current ones (asynchronous
+    evaluation with ``keep_snapshots``); ``None``: the trainer's current parameters.
+    """
+
+    iteration: int
+    env_steps: int
+    result: EvalResult
+    snapshot: Optional[dict[str, Any]] = None
+
+
 class EvaluatorPart(Protocol):
     """What the Trainer calls on its evaluator, synchronous or not (DESIGN.md §3.11)."""
 
     #: Evaluations so far: the k-th resets its envs with ``reseed(eval seed, k)``; set on resume to continue the
     #: sequence (``iteration // eval_interval``).
     num_evaluations: int
+    #: Keep a copy of the evaluated parameters with each asynchronous result (``Evaluation.snapshot``).
+    keep_snapshots: bool
 
     def record(self, algorithm: Algorithm, summaries: Any, root_dir: str, counters: Any) -> None:
         """Evaluate the current parameters and record the result against ``counters``' iteration and env steps."""
@@ -65,6 +83,9 @@ class EvaluatorPart(Protocol):
     def check(self) -> None:
         """Raise what went wrong since the last call, without waiting (called every iteration, so a failed
         asynchronous evaluator stops the run at once, not at the next due evaluation)."""
+
+    def completed(self) -> list[Evaluation]:
+        """The evaluations recorded since the last call, oldest first (for the trainer's callbacks)."""
 
     def wait(self) -> None:
         """Return once every evaluation asked for is recorded (raises what went wrong on the way)."""
@@ -89,6 +110,8 @@ class Evaluator:
         self.transform = transform or (lambda time_step: time_step)  # data transformers, statistics frozen
         self.seed = seed
         self.num_evaluations = 0
+        self.keep_snapshots = False  # (the current parameters are the evaluated ones when callbacks see a result)
+        self._completed: list[Evaluation] = []
         self.per_env = math.ceil(num_episodes / env.num_envs)
         self.epsilon_greedy = epsilon_greedy
         self.max_steps = max_steps
@@ -150,6 +173,11 @@ class Evaluator:
         result = self.evaluate(algorithm)
         write_evaluation(result, summaries, root_dir, counters.iteration, counters.env_steps, counters.elapsed_s(),
                          time.monotonic() - start)
+        self._completed.append(Evaluation(counters.iteration, counters.env_steps, result))
+
+    def completed(self) -> list[Evaluation]:
+        done, self._completed = self._completed, []
+        return done
 
     def check(self) -> None:
         """Nothing runs in the background here."""
@@ -219,3 +247,10 @@ def write_evaluation(result: EvalResult, summaries: Any, root_dir: str, iteratio
     logging.info("eval at iteration %d (env steps %d): return %.2f, length %.1f over %d episodes%s (%.1fs%s)",
                  iteration, env_steps, result.average_return, result.average_length, result.num_episodes, spread,
                  eval_s, ", asynchronous" if asynchronous else "")
+
+
+def policy_snapshot(algorithm: nn.Module, transformer: nn.Module) -> dict[str, Any]:
+    """CPU copies of the policy's parameters and the transformers' statistics, as a checkpoint stores them
+    (``{"algorithm": state dict, "transformers": state dict}``)."""
+    return {"algorithm": {k: v.detach().to("cpu", copy=True) for k, v in algorithm.state_dict().items()},
+            "transformers": {k: v.detach().to("cpu", copy=True) for k, v in transformer.state_dict().items()}}

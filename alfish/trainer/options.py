@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Union
+from typing import Any, Optional, Sequence, Union
 
 import gin
 
@@ -28,6 +28,26 @@ class RunOptions:
     run_record: write ``ROOT_DIR/run_record/<start time>/`` at each start (rank 0): git commit and diff (or a copy
     of the package source), installed packages, the conf and the user modules it imports, the command line
     (``alfish/trainer/run_record.py``).
+
+    The evaluation and checkpoint lifecycle (trainer callbacks: ``alfish/trainer/lifecycle.py``, ``warm_start.py``,
+    ``eval_video.py``):
+    stop_value: end the run (as finished: final evaluation and checkpoint) once an evaluation's average return is
+    ``>=`` this; ``None``: never. Needs ``TrainerConfig.evaluate``.
+    keep_best_checkpoint: keep the policy of the best evaluation so far in ``ROOT_DIR/checkpoints/best/`` (``play
+    --best``); with evaluation on.
+    evaluate_at_start: also evaluate at iteration 0, before any training (a fresh run).
+    eval_video_interval: every this many evaluations, record one greedy episode of the evaluated policy to
+    ``ROOT_DIR/videos/eval-<iteration>.<eval_video_format>`` (``'mp4'`` or ``'gif'``); 0: never.
+    checkpoint_interval_s: also write a checkpoint whenever this many seconds passed since the last (``None``: only
+    ``TrainerConfig.num_checkpoints``'s).
+    max_checkpoints_to_keep: delete the oldest checkpoints beyond this many, once the newest verified (``None``: keep
+    all); the best checkpoint is kept apart and never counted.
+    warm_start_from, warm_start: begin a fresh run from another run's checkpoint: ``'weights'``,
+    ``'weights_and_optimizer'`` or ``'all'`` (+ replay buffer) (``alfish/trainer/warm_start.py``).
+    scalars_csv: also write every scalar summary to ``ROOT_DIR/scalars.csv`` (``step,tag,value`` rows), for readers
+    without TensorBoard.
+    callbacks: the user's own ``TrainerCallback`` instances (``alfish/trainer/callbacks.py``), called after the
+    built-in ones.
     """
 
     save_replay_buffer: bool = True
@@ -36,9 +56,33 @@ class RunOptions:
     random_warm_up_actions: bool = False
     host_memory_cache_mb: int = 256
     run_record: bool = True
+    stop_value: Optional[float] = None
+    keep_best_checkpoint: bool = True
+    evaluate_at_start: bool = False
+    eval_video_interval: int = 0
+    eval_video_format: str = "mp4"
+    checkpoint_interval_s: Optional[float] = None
+    max_checkpoints_to_keep: Optional[int] = None
+    warm_start_from: Optional[str] = None
+    warm_start: str = "weights"
+    scalars_csv: bool = False
+    callbacks: Sequence[Any] = ()
 
     def __post_init__(self) -> None:
         check_setting(self.num_threads)
+        if self.eval_video_interval < 0:
+            raise ValueError(f"Trainer.eval_video_interval={self.eval_video_interval} must be >= 0 (0: no videos)")
+        if self.checkpoint_interval_s is not None and not self.checkpoint_interval_s > 0:
+            raise ValueError(f"Trainer.checkpoint_interval_s={self.checkpoint_interval_s} must be > 0 seconds (or "
+                             "None)")
+        if self.max_checkpoints_to_keep is not None and (isinstance(self.max_checkpoints_to_keep, bool) or not
+                                                         isinstance(self.max_checkpoints_to_keep, int) or
+                                                         self.max_checkpoints_to_keep < 1):
+            raise ValueError(f"Trainer.max_checkpoints_to_keep={self.max_checkpoints_to_keep!r} must be an int >= 1 "
+                             "(or None: keep all)")
+        if self.warm_start not in ("weights", "weights_and_optimizer", "all"):
+            raise ValueError(f"Trainer.warm_start={self.warm_start!r} is not one of 'weights', "
+                             "'weights_and_optimizer', 'all'")
         if self.host_memory_cache_mb < 0:
             raise ValueError(f"Trainer.host_memory_cache_mb={self.host_memory_cache_mb} must be >= 0 (0: malloc's "
                              "defaults)")

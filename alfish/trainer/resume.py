@@ -46,7 +46,7 @@ from alfish.transforms.base import DataTransformer
 
 CHECKPOINT_LAYOUT = 2
 # What a run leaves in its root_dir that a run started over would mix with its own (``--fresh`` moves them aside).
-RUN_STATE = ("checkpoints", "tb", "eval_log.jsonl")
+RUN_STATE = ("checkpoints", "tb", "eval_log.jsonl", "scalars.csv", "videos")
 _MAX_LISTED = 4  # damaged checkpoints named in the refusal, the rest counted
 
 
@@ -83,12 +83,18 @@ def checkpoint_contents(*, algorithm: Algorithm, transformer: DataTransformer, l
                    learner=learner.state_dict(), rng=rng_tensors)
     if replay is not None:
         tensors["replay"] = replay.state_dict()
-    meta = dict(layout=CHECKPOINT_LAYOUT, **counters.state_dict(), seed=seed, num_episodes=stats.num_episodes,
-                rng=rng_meta, operative_config=gin.operative_config_str(), versions=dict(torch=torch.__version__),
-                world_size=job_world_size() if world_size is None else int(world_size))
+    meta = dict(run_meta(counters, seed, world_size), num_episodes=stats.num_episodes, rng=rng_meta)
     if replay is not None and spec is not None:
         meta["replay_layout"] = replay_layout(replay, spec)
     return tensors, meta
+
+
+def run_meta(counters: Counters, seed: int, world_size: Optional[int] = None) -> dict:
+    """What every checkpoint's meta holds, the best policy's too: the layout, the counters, the seed, the operative
+    config (what play and export rebuild the policy from), the torch version, the job's world size."""
+    return dict(layout=CHECKPOINT_LAYOUT, **counters.state_dict(), seed=seed,
+                operative_config=gin.operative_config_str(), versions=dict(torch=torch.__version__),
+                world_size=job_world_size() if world_size is None else int(world_size))
 
 
 def replay_layout(replay: ReplayBuffer, spec: EnvSpec) -> dict:

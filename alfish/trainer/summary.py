@@ -62,10 +62,14 @@ class Summaries:
     ``interval_counts_global_step`` the interval counts it too: a summary is due after each iteration in which it
     reached a multiple of ``interval`` (and, with ``first_interval``, after every iteration that advanced it before
     the first ``interval``). Summaries are still written between iterations.
+    csv_path: also append every scalar to this CSV file (``Trainer.scalars_csv``): a header ``step,tag,value,
+    wall_time`` (wall_time in seconds since the epoch, as TensorBoard's), then one row per scalar, flushed with the
+    events; a resumed run appends to it.
     """
 
     def __init__(self, root_dir: str, interval: int, first_interval: bool, flush_secs: float, max_queue: int,
-                 global_step: Optional[Callable[[], int]] = None, interval_counts_global_step: bool = True):
+                 global_step: Optional[Callable[[], int]] = None, interval_counts_global_step: bool = True,
+                 csv_path: Optional[str] = None):
         self.interval = interval
         self.first_interval = first_interval
         self.global_step = global_step
@@ -75,6 +79,16 @@ class Summaries:
         _quiet_writer_threads()
         with self._disk_errors():
             self.writer = SummaryWriter(log_dir=self.log_dir, flush_secs=flush_secs, max_queue=max_queue)
+        self.csv_path = csv_path
+        self._csv: Optional[Any] = None
+        if csv_path is not None:
+            try:
+                new = not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0
+                self._csv = open(csv_path, "a", newline="")
+                if new:
+                    self._csv.write("step,tag,value,wall_time\n")
+            except OSError as e:
+                raise DiskWriteError(write_failure("the scalars CSV", csv_path, e)) from e
 
     @contextlib.contextmanager
     def _disk_errors(self) -> Iterator[None]:
@@ -130,6 +144,16 @@ class Summaries:
         if not math.isnan(value):
             with self._disk_errors():
                 self.writer.add_scalar(tag, value, step)
+            if self._csv is not None:
+                self._write_csv_row(tag, value, step)
+
+    def _write_csv_row(self, tag: str, value: float, step: int) -> None:
+        # (a tag is a TensorBoard name: letters, digits, '/', '_', '.', '-'; quoted anyway in case a user's has a comma)
+        quoted = f'"{tag}"' if "," in tag or '"' in tag else tag
+        try:
+            self._csv.write(f"{step},{quoted},{value!r},{time.time():.3f}\n")
+        except OSError as e:
+            raise DiskWriteError(write_failure("the scalars CSV", self.csv_path, e)) from e
 
     def scalars(self, prefix: str, values: Mapping[str, float | torch.Tensor], step: int) -> None:
         for name, value in values.items():
@@ -144,6 +168,11 @@ class Summaries:
         """Write the queued events now; DiskWriteError if the disk refused them (now or in the writer's thread)."""
         with self._disk_errors():
             self.writer.flush()
+        if self._csv is not None:
+            try:
+                self._csv.flush()
+            except OSError as e:
+                raise DiskWriteError(write_failure("the scalars CSV", self.csv_path, e)) from e
 
     def close(self) -> None:
         """Flush and close, never raising: it runs on the way out of a run, also after a disk error, where a second
@@ -156,6 +185,10 @@ class Summaries:
             with contextlib.suppress(OSError):
                 writer.close()
         self.writer.file_writer = self.writer.all_writers = None
+        if self._csv is not None:
+            with contextlib.suppress(OSError):
+                self._csv.close()
+            self._csv = None
 
 
 class NullSummaries:

@@ -27,6 +27,7 @@ from alfish.learn.learner import Learner
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.schedulers import reset_progress, scheduler_summaries, update_progress
 from alfish.seeding import reseed
+from alfish.trainer.callbacks import CallbackList
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.disk import DiskWriteError, disk_error_in
@@ -34,7 +35,7 @@ from alfish.trainer.evaluator import EvaluatorPart
 from alfish.trainer.options import RunOptions
 from alfish.trainer.profiler import NullProfiler
 from alfish.trainer.progress import Progress
-from alfish.trainer.resume import checkpoint_contents, restore
+from alfish.trainer.resume import checkpoint_contents, restore, run_meta
 from alfish.trainer.signals import SignalRequests, confirm_checkpoint_on_crash
 from alfish.trainer.summary import (
     NullSummaries,
@@ -72,7 +73,9 @@ class Trainer:
     resume_from: Optional[LoadedCheckpoint] = None
     throughput: Throughput = dataclasses.field(default_factory=Throughput)
     profiler: NullProfiler = dataclasses.field(default_factory=NullProfiler)  # TrainerConfig.profiling
+    callbacks: CallbackList = dataclasses.field(default_factory=CallbackList)  # stop_value, best checkpoint, ...
     started: bool = False  # the parts were restored and acting began: a crash from now on is worth a checkpoint
+    resumed: bool = False  # restored from a checkpoint of this root_dir (callbacks read it in before_run)
 
     def run(self) -> int:
         """Train to the end (or until a stop signal); returns the process exit code."""
@@ -92,10 +95,13 @@ class Trainer:
                     self.collector.publish_parameters(counters.iteration, self.plan.progress(counters))
                     self._after_iteration()
                     progress.update(counters.iteration, counters.env_steps, self.collector.stats.average_return())
-                    exit_code = self._act_on_signals(signals)
+                    exit_code, finish_now = self._act_on_requests(signals)
                     if exit_code is not None:
                         return exit_code
+                    if finish_now:  # a callback's decision (stop_value): end as a run that reached its end
+                        break
                 self._finish()
+                self.callbacks.after_run(self)
             except (KeyboardInterrupt, Exception) as err:
                 # a collective that timed out on this rank names the rank that hung (while the group is still up)
                 explained = explain_collective_timeout(err, self.dist)
@@ -119,10 +125,13 @@ class Trainer:
                     counters=self.counters, stats=self.collector.stats, replay=self.replay, spec=self.collector.spec,
                     rank=self.dist.rank, rank_seed=self.rank_seed)
             self.resume_from = None
+            self.resumed = True
         if self.evaluator is not None:  # continue the sequence of evaluation seeds
             self.evaluator.num_evaluations = self.counters.iteration // self.plan.eval_interval
+            self.evaluator.keep_snapshots = self.callbacks.needs_snapshots
         reset_progress()
         self._update_schedules()
+        self.callbacks.before_run(self)  # (a warm start loads its weights here: before the first action)
         sink = self.replay.add if self.replay is not None else None
         self.collector.start(self.algorithm, self.transformer, sink, reseed(self.rank_seed, self.counters.iteration),
                              self.plan.progress(self.counters), before_publish=self.learner.check_finite)
@@ -146,6 +155,7 @@ class Trainer:
             self.save_checkpoint()
         if self.evaluator is not None:
             self.evaluator.wait()  # an asynchronous evaluation still running (the final one) is recorded before exit
+            self._deliver_evaluations()
         self.summaries.flush()  # a failed event write surfaces here, not lost in the writer's thread
         shutdown(self.dist, synchronize=True)  # every rank is done: no collective is left in flight
 
@@ -155,6 +165,7 @@ class Trainer:
         self.collector.close()
         if self.evaluator is not None:
             self.evaluator.close()  # (before the summaries: an async evaluator records results from its thread)
+        self.callbacks.close()
         self.summaries.close()
         shutdown(self.dist)
 
@@ -173,6 +184,7 @@ class Trainer:
             self.evaluator.check()  # an asynchronous evaluator's failure stops the run now, not at the next evaluation
             if self.plan.evaluation_due(it):
                 self._evaluate()
+            self._deliver_evaluations()
         if self.plan.checkpoint_due(it):
             self.save_checkpoint()
         self.profiler.step(it)
@@ -182,23 +194,29 @@ class Trainer:
             self.summaries.scalar("ddp/parameters_checked", 1.0, it)
         if self.config.empty_cache and torch.cuda.is_available():
             torch.cuda.empty_cache()
+        self.callbacks.after_iteration(self)
 
-    def _act_on_signals(self, signals: SignalRequests) -> Optional[int]:
-        """Checkpoint and/or stop as signalled; ranks act together (a signal reaches them at slightly different
-        iterations). Returns the exit code when stopping."""
-        checkpoint_now, stop_now = any_rank([signals.checkpoint_requested, signals.stop_requested], self.dist,
-                                           iteration=self.counters.iteration)
+    def _act_on_requests(self, signals: SignalRequests) -> tuple[Optional[int], bool]:
+        """Checkpoint and/or stop as signalled or as a callback asks; ranks act together (a signal reaches them at
+        slightly different iterations; a callback decides on rank 0). Returns ``(exit code, finish now)``: the exit
+        code when a signal stops the run; ``finish now`` when a callback ends it (the run then ends as finished)."""
+        checkpoint_now, stop_now, finish_now = any_rank(
+            [signals.checkpoint_requested or self.callbacks.wants_checkpoint(), signals.stop_requested,
+             self.callbacks.wants_stop()], self.dist, iteration=self.counters.iteration)
         if checkpoint_now:
             signals.clear_checkpoint_request()  # before saving: a SIGUSR2 during the save is kept
             self.save_checkpoint()
         if not stop_now:
-            return None
+            if finish_now:
+                logging.info("stopping at iteration %d: a callback asked to (e.g. Trainer.stop_value reached)",
+                             self.counters.iteration)
+            return None, finish_now
         self.save_checkpoint()
         logging.warning("stopped by signal %s at iteration %d; checkpoint written, rerun the same command to resume",
                         signals.stop_signal, self.counters.iteration)
         shutdown(self.dist, synchronize=True)  # all ranks agreed to stop at this iteration
         # a rank stopped because another one was signalled exits as if it had been sent SIGTERM
-        return signals.exit_code() or 128 + int(signal.SIGTERM)
+        return signals.exit_code() or 128 + int(signal.SIGTERM), False
 
     # --------------------------------------------------------------------------- summaries, eval, checkpoints ----
     def _write_summaries(self) -> None:
@@ -226,6 +244,17 @@ class Trainer:
         self.learner.check_finite()  # a policy with a non-finite update behind it is not worth scoring
         self.evaluator.record(self.algorithm, self.summaries, self.config.root_dir, self.counters)
 
+    def evaluate_now(self) -> None:
+        """Evaluate the current parameters now (e.g. at iteration 0, ``Trainer.evaluate_at_start``); no-op without
+        an evaluator (``evaluate=False``, or a rank other than 0)."""
+        if self.evaluator is not None:
+            self._evaluate()
+            self._deliver_evaluations()
+
+    def _deliver_evaluations(self) -> None:
+        for evaluation in self.evaluator.completed():
+            self.callbacks.after_evaluation(self, evaluation)
+
     def save_checkpoint(self) -> Optional[str]:
         """Write a checkpoint (rank 0 only; the ranks hold the same model). Returns its path."""
         if not self.dist.is_main:
@@ -237,7 +266,12 @@ class Trainer:
             seed=self.seed, world_size=self.dist.world_size, spec=self.collector.spec)
         path = self.checkpointer.save(self.counters.iteration, tensors, meta)
         logging.info("checkpoint written: %s", path)
+        self.callbacks.after_checkpoint(self, path)
         return path
+
+    def checkpoint_meta(self) -> dict:
+        """The meta a checkpoint of this run holds now, without the RNG states (e.g. for the best policy's)."""
+        return run_meta(self.counters, self.seed, self.dist.world_size)
 
     def _checkpoint_after_crash(self, err: BaseException) -> None:
         """Write a checkpoint after a crash, unless the model is broken (a NaN loss), checkpoints are off, or the

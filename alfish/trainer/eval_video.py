@@ -1,0 +1,85 @@
+"""Videos of evaluation episodes (``Trainer.eval_video_interval = K``: every K-th evaluation), as a callback.
+
+Each video is one greedy episode of the evaluated policy (with ``async_eval``, the evaluated snapshot), written to
+``ROOT_DIR/videos/eval-<evaluated iteration>.mp4`` (``Trainer.eval_video_format = 'gif'`` for a GIF) on rank 0. The
+episode runs in the training process on an env of its own (the ``eval``-scoped ``create_environment`` bindings, one
+env, ``render_mode='rgb_array'``) and a copy of the policy: training waits for it, one episode per K evaluations.
+Needs the 'render' extra (imageio; imageio-ffmpeg for .mp4), checked when the run is built.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import time
+from typing import TYPE_CHECKING, Any, Optional
+
+import gin
+
+from alfish.envs.batched_env import BatchedEnv, create_environment
+from alfish.trainer.callbacks import Evaluation, TrainerCallback
+from alfish.trainer.episodes import play_episodes, write_video
+from alfish.trainer.evaluator import policy_snapshot
+
+if TYPE_CHECKING:
+    from alfish.trainer.trainer import Trainer
+
+VIDEO_FORMATS = ("mp4", "gif")
+RENDER_EXTRA = "pip install 'alfish[render]'"
+
+
+def check_video_support(video_format: str) -> None:
+    """A one-line error now, rather than at the first video, when the video cannot be written."""
+    if video_format not in VIDEO_FORMATS:
+        raise ValueError(f"Trainer.eval_video_format={video_format!r} is not one of {VIDEO_FORMATS}")
+    try:
+        import imageio.v2  # noqa: F401
+        if video_format == "mp4":
+            import imageio_ffmpeg
+
+            imageio_ffmpeg.get_ffmpeg_exe()
+    except (ImportError, RuntimeError):
+        raise ValueError(f"Trainer.eval_video_interval needs imageio{' and imageio-ffmpeg' * (video_format == 'mp4')}"
+                         f", which is not installed: {RENDER_EXTRA} (or Trainer.eval_video_format = 'gif')") from None
+
+
+class EvalVideo(TrainerCallback):
+    """Record one episode every ``interval`` evaluations (module docstring)."""
+
+    needs_snapshots = True
+
+    def __init__(self, root_dir: str, interval: int, video_format: str = "mp4", seed: int = 0):
+        check_video_support(video_format)
+        self.directory = os.path.join(root_dir, "videos")
+        self.interval, self.video_format, self.seed = interval, video_format, seed
+        self.count = 0
+        self.env: Optional[BatchedEnv] = None
+        self.policy: Optional[tuple[Any, Any]] = None  # (transformer, algorithm) copies the episodes act with
+
+    def after_evaluation(self, trainer: "Trainer", evaluation: Evaluation) -> None:
+        self.count += 1
+        if self.count % self.interval:
+            return
+        start = time.monotonic()
+        if self.env is None:
+            with gin.config_scope("eval"):
+                self.env = create_environment(num_parallel_environments=1, seed=self.seed, vectorization="sync",
+                                              render_mode="rgb_array")
+            self.policy = (copy.deepcopy(trainer.transformer).cpu(), copy.deepcopy(trainer.algorithm).cpu())
+        transformer, algorithm = self.policy
+        snapshot = evaluation.snapshot or policy_snapshot(trainer.algorithm, trainer.transformer)
+        transformer.load_state_dict(snapshot["transformers"])
+        algorithm.load_state_dict(snapshot["algorithm"])
+        transformer.eval(), algorithm.eval()
+        time_step = self.env.reset(seed=self.seed + self.count)
+        frames = [self.env.render()[0]]
+        returns = play_episodes(self.env, transformer, algorithm, time_step, 1, frames=frames)
+        path = os.path.join(self.directory, f"eval-{evaluation.iteration}.{self.video_format}")
+        write_video(path, frames, int(self.env._venv.metadata.get("render_fps") or 30))
+        logging.info("evaluation video (return %.2f, %d frames, %.1f s): %s", returns[0], len(frames),
+                     time.monotonic() - start, path)
+
+    def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
+            self.env = None
