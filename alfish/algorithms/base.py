@@ -203,6 +203,11 @@ class RLAlgorithm(Algorithm):
         return nest.map_nest(lambda x: x[index].flatten(0, 1), obs)
 
     @staticmethod
+    def step_slice(obs: Any, index: slice) -> Any:
+        """Time steps ``index`` of time-major observations (a tensor or a dict), kept ``[L', B, ...]``."""
+        return obs[index] if isinstance(obs, torch.Tensor) else nest.map_nest(lambda x: x[index], obs)
+
+    @staticmethod
     def step_at(obs: Any, t: int) -> Any:
         """Time step ``t`` of time-major ``[L, B, ...]`` observations (a tensor or a dict): ``[B, ...]``."""
         return obs[t] if isinstance(obs, torch.Tensor) else nest.map_nest(lambda x: x[t], obs)

@@ -266,11 +266,6 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         q = q_after[:last - first].gather(-1, exp.action[first:last].long().unsqueeze(-1)).squeeze(-1)   # [L', B]
         return AlgStep(info=DqnTrainInfo(q, target, step_type[first:last] != StepType.LAST))
 
-    @staticmethod
-    def step_slice(obs: Any, index: slice) -> Any:
-        """Time steps ``index`` of time-major observations (a tensor or a dict), kept ``[L', B, ...]``."""
-        return obs[index] if isinstance(obs, torch.Tensor) else nest.map_nest(lambda x: x[index], obs)
-
     def calc_loss(self, exp: Experience, train_info: DqnTrainInfo) -> LossInfo:
         """Per-sample loss ``[1, B]`` (sequences starting at a LAST step are masked out); priority ``|TD error|``."""
         q, target = train_info.q, train_info.target

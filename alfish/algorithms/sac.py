@@ -3,6 +3,20 @@
 Twin critics are one ``EnsembleMLP`` (one batched matmul per layer); the entropy temperature is learned on log-alpha.
 The three losses are summed into one and back-propagated once: the critic term sees the TD target computed without
 gradient, the actor term reads the critics through detached weights, the alpha term sees a detached log-prob.
+
+Shared encoder, recurrent SAC (sequence replay, as recurrent DQN): with ``encoding_network_ctor = @EncodingNetwork``
+one encoder reads the observations, the actor is an MLP head on its features and the twin critics an MLP ensemble on
+(features, action), as in SAC-AE and DrQ: the critic loss trains the encoder, the actor and alpha losses read
+detached features. A target copy of the encoder follows it with the target critics (Polyak, together). With
+``EncodingNetwork.rnn = 'gru'`` or ``'lstm'`` the encoder carries a state per env: ``rollout_step`` and
+``predict_step`` take and return it (``EMPTY``: an episode's start), and with ``TrainerConfig.use_rollout_state=True``
+the state each step was acted from is stored as its rollout info (``SacRolloutInfo``), so that each sampled sequence
+starts from the stored state of its first step (zeros without it). The online encoder runs over the sequence from
+that state (the first ``burn_in`` steps without gradient: they only warm the state up) and the target encoder over the
+whole of it, the state reset at FIRST steps inside it. Every step ``t`` in ``[burn_in, L-2]`` is trained, against
+``r[t+1] + gamma * discount[t+1] * (min_i Q'_i(target features[t+1], a') - alpha * log pi(a'))``, ``a'`` drawn from
+the actor on the online features of step ``t+1`` (``TrainerConfig.mini_batch_length >= burn_in + 2``); a sequence's
+replay priority is R2D2's ``0.9 max + 0.1 mean`` of its |TD errors|. Continuous actions only, as SAC.
 """
 from __future__ import annotations
 
@@ -17,15 +31,21 @@ from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.algorithms.debug_stats import masked_stats
-from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
+from alfish.data import nest
+from alfish.data.state import is_empty
+from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
 from alfish.networks.distributions import tanh_gaussian_sample
-from alfish.networks.mlp import polyak_update
+from alfish.networks.ensemble import EnsembleCritic
+from alfish.networks.heads import build_encoder
+from alfish.networks.mlp import MLP, polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementation
 
 
 class SacTrainInfo(NamedTuple):
+    """Per trained transition, ``N = (L - 1 - burn_in) * B`` of a sequence batch ``[L, B]`` (``burn_in`` 0 unless
+    recurrent), time-major."""
     td_error: torch.Tensor     # [N], |Q - target| averaged over the critics (replay priority)
     critic_loss: torch.Tensor  # [N]
     actor_loss: torch.Tensor   # [N]
@@ -33,6 +53,10 @@ class SacTrainInfo(NamedTuple):
     log_prob: torch.Tensor     # [N]
     q: torch.Tensor            # [E, N], Q_i(s, a) of the replayed action (its graph is the critic term's; debug only)
     td_target: torch.Tensor    # [N], r + gamma * discount * soft V(s'), no gradient
+
+
+class SacRolloutInfo(NamedTuple):
+    state: Any  # [B, ...], the recurrent state the step was acted from (recurrent SAC with use_rollout_state)
 
 
 @gin.configurable
@@ -53,6 +77,10 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             ``EncodingNetwork`` for images and dicts). See ``alfish.networks.heads`` for the contract.
         critic_network_cls: ``cls(observation_space, action_dim)`` -> one critic (``(obs, action) -> [N, 1]``); the
             ``num_critics`` members are one ``VmapEnsemble``. ``None``: MLP critics of ``hidden_sizes``.
+        encoding_network_ctor: ``ctor(observation_space)`` -> an encoder (``EncodingNetwork``, which may be recurrent)
+            shared by an actor head and the critic heads of ``hidden_sizes`` (module docstring); exclusive with
+            ``actor_network_cls`` and ``critic_network_cls``.
+        burn_in: recurrent encoder only: steps at the start of each sampled sequence that only warm the state up.
     """
 
     rollout_module_names = ("actor",)  # async unroll ships only these to its child
@@ -63,16 +91,41 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  target_update_tau: float | Scheduler = 0.005, target_update_period: int = 1,
                  initial_log_alpha: float = 0.0, target_entropy: Optional[float | Scheduler] = None,
                  num_critics: int = 2, actor_network_cls: Optional[Callable[..., nn.Module]] = None,
-                 critic_network_cls: Optional[Callable[..., nn.Module]] = None):
+                 critic_network_cls: Optional[Callable[..., nn.Module]] = None,
+                 encoding_network_ctor: Optional[Callable[..., nn.Module]] = None, burn_in: int = 0):
         super().__init__(observation_space, action_space)
         if self.discrete:
             raise ValueError(f"SacAlgorithm needs a Box action space, got {action_space}; use PpoAlgorithm or "
                              "A2cAlgorithm for discrete actions")
         if target_update_period < 1:
             raise ValueError(f"SacAlgorithm.target_update_period={target_update_period} must be >= 1")
+        if burn_in < 0:
+            raise ValueError(f"SacAlgorithm.burn_in={burn_in} must be >= 0")
+        if encoding_network_ctor is not None and (actor_network_cls is not None or critic_network_cls is not None):
+            raise ValueError("SacAlgorithm.encoding_network_ctor (a shared encoder) and actor_network_cls / "
+                             "critic_network_cls are exclusive; give one or the other")
         self.use_networks(actor_network_cls, critic_network_cls)
-        self.actor = self.build_network(actor_network_cls, 2 * self.action_dim, hidden_sizes)
-        self.critics = self.build_critics(critic_network_cls, num_critics, hidden_sizes)
+        # Plain bools (not properties over the modules): the feed-forward path pays one attribute read per branch.
+        self._encoded = encoding_network_ctor is not None
+        if not self._encoded:
+            self.actor = self.build_network(actor_network_cls, 2 * self.action_dim, hidden_sizes)
+            self.critics = self.build_critics(critic_network_cls, num_critics, hidden_sizes)
+        else:
+            self.encoder = build_encoder(encoding_network_ctor, self.encoder_space(), allow_recurrent=True)
+            features = self.encoder.output_size
+            self.actor = MLP(features, 2 * self.action_dim, hidden_sizes)
+            self.critics = EnsembleCritic(num_critics, features + self.action_dim, 1, hidden_sizes)
+            self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
+            # an encoder that only flattens (no fc layers, no core) has no parameters for its target to follow
+            self._polyak_encoder = len(list(self.encoder.parameters())) > 0
+            self.rollout_module_names = ("encoder", "actor")  # acting reads the encoder too
+        self._recurrent = self._encoded and bool(getattr(self.encoder, "recurrent", False))
+        # The evaluator's critic spread (eval_uncertainty) calls critics(observation, action); these read features.
+        self.critics_read_observations = not self._encoded
+        self.burn_in = burn_in
+        if burn_in and not self._recurrent:
+            raise ValueError(f"SacAlgorithm.burn_in={burn_in} warms up a recurrent state; this SAC has none (set "
+                             "EncodingNetwork.rnn and SacAlgorithm.encoding_network_ctor, or burn_in = 0)")
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
         self.gamma = gamma
@@ -83,9 +136,31 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
 
     def param_groups(self) -> list[dict]:
+        """Three groups; a shared encoder is trained by the critic loss, so it is in the critic group."""
+        critic = list(self.critics.parameters()) + (list(self.encoder.parameters()) if self._encoded else [])
         return [dict(name="actor", params=list(self.actor.parameters()), lr=self._lrs["actor"]),
-                dict(name="critic", params=list(self.critics.parameters()), lr=self._lrs["critic"]),
+                dict(name="critic", params=critic, lr=self._lrs["critic"]),
                 dict(name="alpha", params=[self.log_alpha], lr=self._lrs["alpha"])]
+
+    @property
+    def recurrent(self) -> bool:
+        return self._recurrent
+
+    def initial_state(self, batch_size: int, device: Optional[torch.device] = None) -> Any:
+        return self.encoder.initial_state(batch_size, device) if self._recurrent else EMPTY
+
+    def configure_recurrence(self, use_rollout_state: bool, temporally_independent_train_step: Optional[bool],
+                             mini_batch_length: Optional[int] = None) -> None:
+        """As ``Algorithm.configure_recurrence``; a shared encoder also needs sequences of ``burn_in + 2`` steps."""
+        super().configure_recurrence(use_rollout_state, temporally_independent_train_step, mini_batch_length)
+        if self._encoded and mini_batch_length is not None:
+            self._check_length(mini_batch_length)
+
+    def _check_length(self, length: int) -> None:
+        if length < self.burn_in + 2:
+            raise ValueError(f"SacAlgorithm with an encoder and burn_in={self.burn_in} trains on sequences of at least "
+                             f"burn_in + 2 = {self.burn_in + 2} steps, got {length}; set "
+                             "TrainerConfig.mini_batch_length")
 
     # ----------------------------------------------------------------------------------------------------- acting --
     def _policy(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,31 +176,112 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         unit_action, _ = self._policy(self.network_input(obs), greedy)
         return self.scale_action(unit_action), EMPTY
 
+    def _encode_step(self, time_step: TimeStep, state: Any) -> tuple[torch.Tensor, Any, Any]:
+        """Shared encoder: ``(features [B, F], next state, the state acted from)``; states ``EMPTY`` if it has none."""
+        obs = self.network_input(time_step.observation)
+        if not self._recurrent:
+            return self.encoder(obs), state, state
+        if is_empty(state):  # a caller without a state: an episode's start
+            state = self.initial_state(time_step.step_type.shape[0], time_step.step_type.device)
+        features, next_state = self.encoder(obs, state)
+        return features, next_state, state
+
+    def predict_step(self, time_step: TimeStep, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
+        """Greedy action, except that each env samples from the policy with probability ``epsilon_greedy``."""
+        if not self._encoded:
+            return super().predict_step(time_step, state, epsilon_greedy)
+        features, next_state, _ = self._encode_step(time_step, state)
+        action, _ = self._policy(features, greedy=True)                          # [B, action_dim] in [-1, 1]
+        if epsilon_greedy > 0.0:
+            sampled, _ = self._policy(features, greedy=False)
+            pick = torch.rand(action.shape[0], device=action.device) < epsilon_greedy
+            action = torch.where(pick.unsqueeze(-1), sampled, action)
+        return AlgStep(output=self.scale_action(action), state=next_state)
+
+    def rollout_step(self, time_step: TimeStep, state: Any = EMPTY) -> AlgStep:
+        if not self._encoded:
+            return super().rollout_step(time_step, state)
+        features, next_state, state = self._encode_step(time_step, state)
+        action, _ = self._policy(features, greedy=False)
+        info = SacRolloutInfo(state) if self.use_rollout_state else EMPTY
+        return AlgStep(output=self.scale_action(action), state=next_state, info=info)
+
     # --------------------------------------------------------------------------------------------------- training --
     def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
-        """Losses of the ``L-1`` transitions of ``exp`` ``[L, B]``, each ``[N = (L-1) * B]``.
+        """Losses of the ``L-1`` transitions of ``exp`` ``[L, B]``, each ``[N = (L-1) * B]`` (with a shared encoder:
+        of the ``L-1-burn_in`` after the burn-in, see ``_encoded_train_step``)."""
+        if self._encoded:
+            return self._encoded_train_step(exp)
+        obs = self.network_input(exp.observation, batch_dims=2)                # [L, B, obs_dim] (flat mode)
+        obs_t, obs_next = self.steps(obs, slice(None, -1)), self.steps(obs, slice(1, None))   # [N, obs_dim]
+        return self._losses(obs_t, obs_t, obs_next, obs_next, exp.action[:-1], exp.reward[1:], exp.discount[1:])
+
+    def _encoded_train_step(self, exp: Experience) -> AlgStep:
+        """Losses of the transitions out of steps ``burn_in .. L-2`` of ``exp`` ``[L, B]``, ``N = (L-1-burn_in) B``.
+
+        The critics read the online features with their gradient (the critic loss trains the encoder), the actor
+        detached ones; the TD target reads the target encoder's features of step ``t+1`` (module docstring).
+        """
+        self._check_length(exp.step_type.shape[0])
+        first = self.burn_in
+        online, target = self._sequence_features(exp)                           # each [L - burn_in, B, F]
+        detached = online.detach()
+        features_t = online[:-1].flatten(0, 1)                                  # [N, F], with gradient
+        return self._losses(features_t, detached[:-1].flatten(0, 1), detached[1:].flatten(0, 1),
+                            target[1:].flatten(0, 1), exp.action[first:-1], exp.reward[first + 1:],
+                            exp.discount[first + 1:])
+
+    def _sequence_features(self, exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
+        """Encoder features of steps ``burn_in .. L-1`` of ``exp`` ``[L, B]``: ``(online [L', B, F]`` with gradient,
+        ``target [L', B, F])`` without, ``L' = L - burn_in``. A recurrent encoder starts from the stored rollout state
+        of step 0 (``use_rollout_state``, else zeros), resets at FIRST steps (``unroll``) and runs the burn-in steps
+        without gradient."""
+        obs = self.network_input(exp.observation, batch_dims=2)                 # [L, B, ...]
+        if not self._recurrent:
+            with torch.no_grad():
+                target = self.target_encoder(obs)
+            return self.encoder(obs), target
+        first, step_type = self.burn_in, exp.step_type
+        if self.use_rollout_state:
+            start = nest.map_nest(lambda x: x[0], exp.rollout_info.state)
+        else:
+            start = self.initial_state(step_type.shape[1], step_type.device)
+        with torch.no_grad():
+            target, _ = self.target_encoder.unroll(obs, step_type, start)
+            state = start
+            if first:  # burn-in: the state is warmed up without gradients
+                _, state = self.encoder.unroll(self.step_slice(obs, slice(0, first)), step_type[:first], start)
+        online, _ = self.encoder.unroll(self.step_slice(obs, slice(first, None)), step_type[first:], state)
+        return online, target[first:]
+
+    def _losses(self, critic_in: Any, policy_in: Any, next_policy_in: Any, next_target_in: Any, action: torch.Tensor,
+                reward: torch.Tensor, discount: torch.Tensor) -> AlgStep:
+        """The three SAC losses of ``N`` transitions, each ``[N]``.
+
+        critic_in, policy_in: what the critics and the actor read at the transitions' first steps ``[N, ...]``
+            (observations, or features: with gradient for the critics, detached for the actor);
+        next_policy_in, next_target_in: what the actor and the target critics read at the next steps ``[N, ...]``;
+        action: ``[L', B, action_dim]`` (env scale); reward, discount: ``[L', B]`` of the next steps, ``N = L' B``.
 
         Written in few aten ops (each costs several microseconds on the CPU, as much as the arithmetic of a [N]
         tensor): ``addcmul`` for the TD target, ``amin`` where no gradient (hence no argmin) is needed.
         """
-        obs = self.network_input(exp.observation, batch_dims=2)                # [L, B, obs_dim] (flat mode)
-        obs_t, obs_next = self.steps(obs, slice(None, -1)), self.steps(obs, slice(1, None))   # [N, obs_dim]
-        act_t = self.unscale_action(exp.action[:-1].flatten(0, 1))             # [N, action_dim]
-        reward, discount = exp.reward[1:].flatten(), exp.discount[1:].flatten()
+        act_t = self.unscale_action(action.flatten(0, 1))                      # [N, action_dim]
+        reward, discount = reward.flatten(), discount.flatten()
         alpha = self.log_alpha.detach().exp()
 
         with torch.no_grad():
-            next_action, next_log_prob = self._policy(obs_next, greedy=False)
-            next_q = self.target_critics(obs_next, next_action).amin(0).squeeze(-1)   # [N]
+            next_action, next_log_prob = self._policy(next_policy_in, greedy=False)
+            next_q = self.target_critics(next_target_in, next_action).amin(0).squeeze(-1)   # [N]
             soft_value = torch.addcmul(next_q, alpha, next_log_prob, value=-1.0)  # next_q - alpha * log_prob
             td_target = torch.addcmul(reward, discount, soft_value, value=self.gamma)
 
-        q = self.critics(obs_t, act_t).squeeze(-1)                              # [E, N]
+        q = self.critics(critic_in, act_t).squeeze(-1)                          # [E, N]
         td = q - td_target
         critic_loss = 0.5 * (td ** 2).sum(0)
 
-        new_action, log_prob = self._policy(obs_t, greedy=False)
-        q_new = self.critics(obs_t, new_action, detach_params=True).min(0).values.squeeze(-1)
+        new_action, log_prob = self._policy(policy_in, greedy=False)
+        q_new = self.critics(policy_in, new_action, detach_params=True).min(0).values.squeeze(-1)
         actor_loss = alpha * log_prob - q_new
 
         log_prob = log_prob.detach()
@@ -135,8 +291,8 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                                          td_target))
 
     def calc_loss(self, exp: Experience, train_info: SacTrainInfo) -> LossInfo:
-        """Per-transition loss ``[L-1, B]``; transitions out of a LAST step (env autoreset) are masked out."""
-        valid = exp.step_type[:-1] != StepType.LAST                             # [L-1, B]
+        """Per-transition loss ``[L-1-burn_in, B]``; transitions out of a LAST step (env autoreset) are masked out."""
+        valid = exp.step_type[self.burn_in:-1] != StepType.LAST                 # [L-1-burn_in, B]
         shape = valid.shape
         valid = valid.flatten().to(train_info.critic_loss.dtype)
         loss = (train_info.critic_loss + train_info.actor_loss).add_(train_info.alpha_loss).mul_(valid)
@@ -156,12 +312,18 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                 out["debug/target_entropy"] = torch.tensor(float(self.target_entropy()), device=valid.device)
             return out
 
-        # Replay priority of each sampled sequence [B]: its transitions' mean |TD error|.
-        priority = (train_info.td_error * valid).view(shape).mean(0)
+        # Replay priority of each sampled sequence [B]: its transitions' mean |TD error| (recurrent: R2D2's 0.9 max +
+        # 0.1 mean over time, as recurrent DQN: a long sequence's one large error is not averaged away).
+        abs_td = (train_info.td_error * valid).view(shape)
+        priority = 0.9 * abs_td.amax(0) + 0.1 * abs_td.mean(0) if self._recurrent else abs_td.mean(0)
         return LossInfo(loss=loss.view(shape), extra=extra, priority=priority)
 
     def after_update(self) -> None:
         """Counts the optimizer step; on every ``target_update_period``-th, Polyak-averages the target critics
-        towards the critics. The period is decided on the Python mirror of the count: no host sync."""
+        towards the critics (and the target encoder towards a shared encoder, with the same factor). The period is
+        decided on the Python mirror of the count: no host sync."""
         if self._count_update() % self.target_update_period == 0:
-            polyak_update(self.target_critics, self.critics, self.tau())
+            tau = self.tau()
+            polyak_update(self.target_critics, self.critics, tau)
+            if self._encoded and self._polyak_encoder:
+                polyak_update(self.target_encoder, self.encoder, tau)

@@ -1,7 +1,8 @@
 """Tiny deterministic environments with a known optimal return, for learning tests and quick checks.
 
 They are registered as gymnasium ids ``alfish/PointGoal-v0`` (continuous), ``alfish/Chain-v0`` (discrete) and
-``alfish/MemoryCue-v0`` (discrete, needs memory: a recurrent policy).
+``alfish/MemoryCue-v0`` (discrete, needs memory: a recurrent policy) with its continuous-action variant
+``alfish/MemoryCueContinuous-v0``.
 """
 from __future__ import annotations
 
@@ -93,16 +94,23 @@ class MemoryCue(gym.Env):
     query. Actions before the query are ignored (reward 0). At the query: reward +1 if right, -1 if wrong, and the
     episode terminates (``delay + 2`` actions in all). Optimal return 1; any memoryless policy sees the same query
     observation whatever the cue, so it averages 0.
+
+    ``continuous=True`` (``alfish/MemoryCueContinuous-v0``): the action is a Box(-1, 1, (1,)) and the query's reward is
+    ``cue * clip(action, -1, 1)``, graded rather than +-1, so that a critic has a slope to follow: optimum 1 (the
+    action at the cue's sign, at the bound), and still 0 on average for any memoryless policy (its query action does
+    not depend on the cue, which is +-1 with equal odds).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 10}
     OPTIMAL_RETURN = 1.0
 
-    def __init__(self, delay: int = 4, render_mode: str | None = None):
+    def __init__(self, delay: int = 4, render_mode: str | None = None, continuous: bool = False):
         if delay < 0:
             raise ValueError(f"MemoryCue delay={delay} must be >= 0")
         self.observation_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
-        self.action_space = gym.spaces.Discrete(2)
+        self.continuous = continuous
+        self.action_space = (gym.spaces.Box(-1.0, 1.0, shape=(1,), dtype=np.float32) if continuous else
+                             gym.spaces.Discrete(2))
         self.render_mode = render_mode
         self.delay = delay
         self._cue, self._t = 1, 0
@@ -119,6 +127,9 @@ class MemoryCue(gym.Env):
 
     def step(self, action: Any):
         if self._t == self.delay + 1:  # the query
+            if self.continuous:
+                answer = float(np.clip(np.asarray(action, dtype=np.float64).reshape(-1)[0], -1.0, 1.0))
+                return self._obs(), self._cue * answer, True, False, {}
             right = (int(np.asarray(action).reshape(-1)[0]) == 1) == (self._cue == 1)
             return self._obs(), (1.0 if right else -1.0), True, False, {}
         self._t += 1
@@ -135,10 +146,11 @@ class MemoryCue(gym.Env):
 
 def register_toy_envs() -> None:
     """Register the toy envs with gymnasium (idempotent)."""
-    for env_id, entry in (("alfish/PointGoal-v0", PointGoal), ("alfish/Chain-v0", Chain),
-                          ("alfish/MemoryCue-v0", MemoryCue)):
+    for env_id, entry, kwargs in (("alfish/PointGoal-v0", PointGoal, {}), ("alfish/Chain-v0", Chain, {}),
+                                  ("alfish/MemoryCue-v0", MemoryCue, {}),
+                                  ("alfish/MemoryCueContinuous-v0", MemoryCue, {"continuous": True})):
         if env_id not in gym.registry:
-            gym.register(id=env_id, entry_point=entry, max_episode_steps=10)
+            gym.register(id=env_id, entry_point=entry, max_episode_steps=10, kwargs=kwargs)
 
 
 register_toy_envs()

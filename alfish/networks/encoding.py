@@ -9,8 +9,9 @@
     concatenated in the space's key order;
   - then an optional fully connected stack (``fc_layers``) with LayerNorm and dropout as options;
   - then an optional LSTM/GRU core whose state layout is ``state_spec`` (trained as PPO's shared encoder,
-    ``ActorCriticNetworks.encoding_network_ctor``, or DQN's, ``DqnAlgorithm.encoding_network_ctor``; ``unroll`` runs
-    it over sequences; other networks refuse a recurrent encoder).
+    ``ActorCriticNetworks.encoding_network_ctor``, DQN's, ``DqnAlgorithm.encoding_network_ctor``, or SAC's,
+    ``SacAlgorithm.encoding_network_ctor``; ``unroll`` runs it over sequences; other networks refuse a recurrent
+    encoder).
 
 Shapes: ``forward(obs)`` takes ``[*batch, *obs_shape]`` (a dict of such tensors for a Dict space) and returns
 ``[*batch, output_size]``.

@@ -40,8 +40,8 @@ def build_encoder(ctor: Callable[..., nn.Module], observation_space: gym.Space,
     encoder = ctor(observation_space)
     if getattr(encoder, "recurrent", False) and not allow_recurrent:
         raise ValueError("a recurrent encoder (EncodingNetwork.rnn) is trained only as the shared encoder of PPO "
-                         "(ActorCriticNetworks.encoding_network_ctor) or DQN (DqnAlgorithm.encoding_network_ctor); "
-                         "set EncodingNetwork.rnn = None here")
+                         "(ActorCriticNetworks.encoding_network_ctor), DQN (DqnAlgorithm.encoding_network_ctor) or SAC "
+                         "(SacAlgorithm.encoding_network_ctor); set EncodingNetwork.rnn = None here")
     if not isinstance(getattr(encoder, "output_size", None), int):
         raise ValueError(f"encoding network {ctor} must set an int attribute output_size (its feature size)")
     return encoder

@@ -190,8 +190,10 @@ class Evaluator:
 
 
 def has_critic_ensemble(algorithm: nn.Module) -> bool:
-    """True for a continuous-action algorithm with ``critics``, an ensemble ``(obs, action) -> [E, N, 1]``."""
-    return isinstance(getattr(algorithm, "critics", None), nn.Module) and not getattr(algorithm, "discrete", True)
+    """True for a continuous-action algorithm with ``critics``, an ensemble ``(obs, action) -> [E, N, 1]`` (not one
+    that reads an encoder's features, ``critics_read_observations`` False: SAC with a shared encoder)."""
+    return (isinstance(getattr(algorithm, "critics", None), nn.Module) and not getattr(algorithm, "discrete", True)
+            and getattr(algorithm, "critics_read_observations", True))
 
 
 class CriticSpread:
