@@ -57,6 +57,9 @@ class Algorithm(nn.Module):
     #: Set by ``configure_recurrence`` (TrainerConfig.temporally_independent_train_step, resolved): False: train_step
     #: runs over each sequence step by step, carrying the state.
     temporally_independent_train_step: bool = True
+    #: Whether a recurrent network of this algorithm can also train each step alone from its stored rollout state
+    #: (``temporally_independent_train_step=True``); sequence-replay algorithms (DQN, SAC) train whole sequences only.
+    trains_recurrent_steps_alone: bool = False
 
     @property
     def recurrent(self) -> bool:
@@ -78,6 +81,10 @@ class Algorithm(nn.Module):
         name = type(self).__name__
         independent = (not self.recurrent) if temporally_independent_train_step is None else \
             temporally_independent_train_step
+        if self.recurrent and independent and not self.trains_recurrent_steps_alone:
+            raise ValueError(f"{name} trains its recurrent network over whole sequences (burn-in, then every step "
+                             "from the state carried along), so TrainerConfig.temporally_independent_train_step=True "
+                             "would change nothing: leave it None (or False)")
         if self.recurrent and independent and not use_rollout_state:
             raise ValueError(f"{name} is recurrent and TrainerConfig.temporally_independent_train_step=True trains "
                              "each step alone, which needs its rollout state: set TrainerConfig.use_rollout_state=True "

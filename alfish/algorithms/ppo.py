@@ -69,6 +69,8 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
             ``ActorCriticNetworks``.
     """
 
+    trains_recurrent_steps_alone = True  # (temporally_independent_train_step=True: each step from its stored state)
+
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                  hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh", lr: float | Scheduler = 3e-4,
                  gamma: float = 0.99, gae_lambda: float = 0.95, clip_range: float | Scheduler = 0.2,

@@ -468,3 +468,24 @@ def test_memory_cue_continuous_pays_the_cue_times_the_action():
         assert obs.tolist() == [0.0, 1.0] and reward == 0.0 and not terminated
         _, reward, terminated, _, _ = env.step(np.array([answer], dtype=np.float32))
         assert reward == pytest.approx(cue * max(-1.0, min(1.0, answer))) and terminated
+
+
+@pytest.mark.parametrize("algorithm", ["dqn", "sac"])
+def test_sequence_replay_algorithms_refuse_training_recurrent_steps_alone(algorithm):
+    """temporally_independent_train_step=True would be silently ignored by DQN and SAC (they train sequences)."""
+    from alfish.algorithms.dqn import DqnAlgorithm
+    from alfish.algorithms.sac import SacAlgorithm
+    from alfish.networks.encoding import EncodingNetwork
+
+    def encoder(space):
+        return EncodingNetwork(space, rnn="gru", rnn_size=4)
+
+    if algorithm == "dqn":
+        alg = DqnAlgorithm(OBS, gym.spaces.Discrete(2), hidden_sizes=(8,), encoding_network_ctor=encoder)
+    else:
+        alg = SacAlgorithm(OBS, gym.spaces.Box(-1, 1, (1,)), hidden_sizes=(8,), encoding_network_ctor=encoder)
+    with pytest.raises(ValueError, match=r"over whole sequences .* "
+                                         r"TrainerConfig.temporally_independent_train_step=True would change nothing"):
+        alg.configure_recurrence(True, True, 8)
+    alg.configure_recurrence(True, None, 8)
+    assert alg.temporally_independent_train_step is False
