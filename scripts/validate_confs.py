@@ -1,0 +1,227 @@
+#!/usr/bin/env python
+"""Conf regression suite (rl_coach's PresetValidation): train the shipped confs and check each reaches the result its
+header declares.
+
+    python scripts/validate_confs.py [confs/ppo_cartpole.gin ...] [--seeds N] [--parallel K] [--out DIR]
+                                     [--fast] [--include_manual] [--timeout_s S]
+
+Each conf declares its expected result on one header line, as JSON:
+
+    # expected_result: {"threshold": 475, "env_steps": 50000, "seeds": 3}
+
+* ``threshold``: the evaluation average return (``eval_log.jsonl``'s ``average_return``) to reach;
+* ``env_steps`` (online and hybrid confs) or ``iterations`` (pure offline confs): the budget to reach it in;
+* ``seeds``: how many seeds (0, 1, ...) the full suite trains; ``min_success`` (default: all of them) must reach it;
+* ``dataset`` (offline and hybrid confs): ``{"num_steps": N, "noise": X}``, the Pendulum dataset
+  ``tools/bench/pendulum_dataset.py`` makes for it, bound to the conf's ``DATASET`` macro;
+* ``fast``: true for the confs of the fast subset (``--fast``, what CI runs with one seed);
+* ``manual``: a reason the conf is not trained here (e.g. 10M Atari steps), listed as skipped.
+
+Each run is ``python -m alfish.bin.train`` in a subprocess of its own (one torch thread, ``--parallel`` at a time)
+with ``Trainer.stop_value = threshold`` (a run ends at the evaluation that reaches it) and the budget as its length.
+The table gives, per conf: seeds that reached the threshold, the env steps (or iterations) at which they did (median),
+the wall-clock per seed (median), and the final evaluation return (mean ± std over seeds). The exit status is 1 when
+a conf fails (a regression), 2 for bad arguments, 0 otherwise. ``--seeds N`` overrides every conf's seed count.
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+from typing import Optional, Sequence
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+MARKER = "# expected_result:"
+
+
+class ValidateError(Exception):
+    """A problem with the arguments or a conf's declaration; one line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Expectation:
+    conf: pathlib.Path
+    threshold: float
+    env_steps: Optional[int] = None
+    iterations: Optional[int] = None
+    seeds: int = 3
+    min_success: Optional[int] = None
+    dataset: Optional[dict] = None
+    fast: bool = False
+    manual: Optional[str] = None
+
+    @property
+    def budget_flag(self) -> str:
+        if self.env_steps is not None:
+            return f"TrainerConfig.num_env_steps={self.env_steps}"
+        return f"TrainerConfig.num_iterations={self.iterations}"
+
+
+def read_expectation(conf: pathlib.Path) -> Expectation:
+    """The ``# expected_result:`` JSON line of ``conf`` (ValidateError when missing or malformed)."""
+    for number, line in enumerate(conf.read_text().splitlines(), 1):
+        if line.startswith(MARKER):
+            try:
+                fields = json.loads(line[len(MARKER):])
+                expectation = Expectation(conf=conf, **fields)
+            except (json.JSONDecodeError, TypeError) as err:
+                raise ValidateError(f"{conf}:{number}: the expected_result line is not valid ({err}); write e.g. "
+                                    f'{MARKER} {{"threshold": 475, "env_steps": 50000, "seeds": 3}}') from None
+            if expectation.manual is None and (expectation.env_steps is None) == (expectation.iterations is None):
+                raise ValidateError(f"{conf}:{number}: give one budget, env_steps or iterations")
+            return expectation
+    raise ValidateError(f"{conf} declares no expected result; add a line `{MARKER} {{...}}` to its header")
+
+
+@dataclasses.dataclass
+class RunResult:
+    seed: int
+    reached_at: Optional[int]  # env steps (or iterations for an offline conf) of the first evaluation >= threshold
+    final_return: Optional[float]
+    wall_s: float
+    error: Optional[str] = None
+
+
+def dataset_for(expectation: Expectation, out: pathlib.Path) -> list[str]:
+    """Make the conf's dataset once (shared by its seeds); the binding pointing the conf at it."""
+    if expectation.dataset is None:
+        return []
+    spec = expectation.dataset
+    path = out / "datasets" / f"pendulum_{spec['num_steps']}_{spec.get('noise', 1.5)}.npz"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(REPO / "tools" / "bench" / "pendulum_dataset.py"), "--out", str(path),
+                        "--num_steps", str(spec["num_steps"]), "--noise", str(spec.get("noise", 1.5))],
+                       check=True, capture_output=True, text=True, cwd=REPO)
+    return [f"DATASET='{path}'"]
+
+
+def train_one(expectation: Expectation, seed: int, root: pathlib.Path, extra: Sequence[str],
+              timeout_s: float) -> RunResult:
+    command = [sys.executable, "-m", "alfish.bin.train", "--conf", str(expectation.conf), "--root_dir", str(root),
+               "--fresh"]
+    for param in (f"TrainerConfig.random_seed={seed}", expectation.budget_flag, "TrainerConfig.num_iterations=0"
+                  if expectation.env_steps is not None else "TrainerConfig.num_env_steps=0",
+                  f"Trainer.stop_value={expectation.threshold}", "Trainer.num_threads=1", *extra):
+        command += ["--conf_param", param]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout_s)
+        error = None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+    except subprocess.TimeoutExpired:
+        error = f"did not finish within {timeout_s:.0f} s"
+    wall_s = time.monotonic() - start
+    records = read_eval_log(root)
+    key = "env_steps" if expectation.env_steps is not None else "iteration"
+    reached = [r[key] for r in records if r["average_return"] >= expectation.threshold]
+    return RunResult(seed, reached[0] if reached else None, records[-1]["average_return"] if records else None,
+                     wall_s, error)
+
+
+def read_eval_log(root: pathlib.Path) -> list[dict]:
+    path = root / "eval_log.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@dataclasses.dataclass
+class ConfResult:
+    expectation: Expectation
+    runs: list[RunResult]
+
+    @property
+    def passed(self) -> bool:
+        needed = self.expectation.min_success or len(self.runs)
+        return sum(r.reached_at is not None for r in self.runs) >= min(needed, len(self.runs))
+
+    def row(self) -> list[str]:
+        e, runs = self.expectation, self.runs
+        reached = [r.reached_at for r in runs if r.reached_at is not None]
+        finals = [r.final_return for r in runs if r.final_return is not None]
+        unit = "env steps" if e.env_steps is not None else "iterations"
+        spread = f" ± {statistics.pstdev(finals):.1f}" if len(finals) > 1 else ""
+        return [e.conf.name, f">= {e.threshold:g} in {e.env_steps or e.iterations:,} {unit}",
+                f"{len(reached)}/{len(runs)}",
+                f"{statistics.median(reached):,.0f}" if reached else "-",
+                f"{statistics.median(r.wall_s for r in runs):.0f} s",
+                f"{statistics.mean(finals):.1f}{spread}" if finals else "-",
+                "ok" if self.passed else "REGRESSION"]
+
+
+HEADER = ["conf", "expected", "reached", "at (median)", "wall/seed", "final return", "status"]
+
+
+def table(rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [HEADER] + rows) for i in range(len(HEADER))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in [HEADER] + rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python scripts/validate_confs.py", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("confs", nargs="*", help="confs to validate (default: every conf under confs/)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds per conf (default: each conf's own)")
+    parser.add_argument("--parallel", type=int, default=1, help="runs at a time (one torch thread each)")
+    parser.add_argument("--out", default=str(REPO / "runs" / "validate"), help="results dirs and results.json")
+    parser.add_argument("--fast", action="store_true", help="only the confs marked fast")
+    parser.add_argument("--include_manual", action="store_true", help="also the confs marked manual (hours)")
+    parser.add_argument("--timeout_s", type=float, default=3600.0, help="per run")
+    parser.add_argument("--conf_param", action="append", default=[], help="an extra binding for every run")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.seeds is not None and args.seeds < 1 or args.parallel < 1:
+            raise ValidateError("--seeds and --parallel must be >= 1")
+        confs = [pathlib.Path(c).resolve() for c in args.confs] or sorted((REPO / "confs").glob("*.gin"))
+        missing = [str(c) for c in confs if not c.is_file()]
+        if missing:
+            raise ValidateError(f"no such conf: {missing[0]}")
+        expectations = [read_expectation(c) for c in confs]
+    except ValidateError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.fast:
+        expectations = [e for e in expectations if e.fast]
+    skipped = [e for e in expectations if e.manual and not args.include_manual]
+    todo = [e for e in expectations if e not in skipped]
+    out = pathlib.Path(args.out).resolve()
+    jobs = []
+    with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+        for e in todo:
+            extra = dataset_for(e, out) + list(args.conf_param)
+            for seed in range(args.seeds or e.seeds):
+                root = out / e.conf.stem / f"seed-{seed}"
+                jobs.append((e, pool.submit(train_one, e, seed, root, extra, args.timeout_s)))
+        results = {e.conf: ConfResult(e, []) for e in todo}
+        for e, job in jobs:
+            run = job.result()
+            results[e.conf].runs.append(run)
+            status = f"reached at {run.reached_at}" if run.reached_at is not None else "not reached"
+            print(f"{e.conf.name} seed {run.seed}: {status}, final {run.final_return}, {run.wall_s:.0f} s"
+                  + (f", error: {run.error}" if run.error else ""), flush=True)
+    rows = [r.row() for r in results.values()]
+    rows += [[e.conf.name, "-", "-", "-", "-", "-", f"skipped: {e.manual}"] for e in skipped]
+    print(table(rows))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(
+        {r.expectation.conf.name: dict(passed=r.passed, runs=[dataclasses.asdict(run) for run in r.runs])
+         for r in results.values()}, indent=1))
+    return 0 if all(r.passed for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
