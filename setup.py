@@ -19,7 +19,8 @@ setup(
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2.1", "ruff>=0.6", "imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame-ce>=2.1.3",
                  "minari[hdf5]>=0.5.4,<0.6", "h5py>=3.8", "pillow>=9",  # (the offline tests: Minari and HDF5)
-                 "matplotlib>=3.7"],  # (the plot tool's tests)
+                 "matplotlib>=3.7",  # (the plot tool's tests)
+                 "onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.32"],  # (the export tests)
         "render": ["pygame-ce>=2.1.3", "imageio>=2.30", "imageio-ffmpeg>=0.4"],
         "mujoco": ["gymnasium[mujoco]>=1.0"],
         "box2d": ["gymnasium[box2d]>=1.0"],
@@ -27,6 +28,7 @@ setup(
         "envpool": ["envpool>=1.0"],  # create_environment.vectorization = 'envpool'
         # offline data: Minari datasets (minari 0.5 imports pillow without declaring it) and D4RL HDF5 files
         "offline": ["minari[hdf5]>=0.5.4,<0.6", "h5py>=3.8", "pillow>=9"],
+        "export": ["onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.32"],  # alfish.bin.export --format onnx, its check
         "bench": ["stable-baselines3>=2.3"],  # d3rlpy pins gymnasium 1.0 and old gym: its own venv (tools/bench)
         "plot": ["matplotlib>=3.7"],  # python -m alfish.tools.plot
     },
