@@ -1,6 +1,6 @@
 """Export a trained policy from its results directory as one program: raw observations in, the greedy action out.
 
-    python -m alfish.bin.export --root_dir RUN --format pt2|onnx [--out FILE] [--checkpoint_step N]
+    python -m alfish.bin.export --root_dir RUN --format pt2|onnx [--out FILE] [--checkpoint_step N | --best]
                                 [--allow_import PREFIX ...] [--seed S]
 
 What the program computes is what ``play`` does with ``--epsilon_greedy 0``: the run's data transformers with their
@@ -83,6 +83,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                                     "(default: RUN/export/policy-<step>.<format>)")
     parser.add_argument("--checkpoint_step", type=int, default=None,
                         help="iteration of the checkpoint (default: newest)")
+    parser.add_argument("--best", action="store_true", help="the best evaluated policy (RUN/checkpoints/best)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampled observations and the rollout's env")
     parser.add_argument("--allow_import", action="append", default=[], metavar="PREFIX",
                         help="trust the modules under PREFIX (your own env/network package): the stored config may "
@@ -102,6 +103,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ExportError(f"--format is required: {' or '.join(FORMATS)}")
     if args.format not in FORMATS:
         raise ExportError(f"--format {args.format!r} is not one of {', '.join(FORMATS)}")
+    if args.best and args.checkpoint_step is not None:
+        raise ExportError("--best and --checkpoint_step name different checkpoints; give one")
     if args.out is not None:
         check_out(args.out, args.format)
     check_format_packages(args.format)
@@ -126,7 +129,7 @@ def export(args: argparse.Namespace) -> tuple[str, dict]:
     """Loads RUN's policy, writes it to a temporary file, checks it, then moves it into place; returns the path and
     the JSON record written beside it."""
     trusted = trusted_prefixes(args.allow_import)
-    ckpt = load_checkpoint(args.root_dir, args.checkpoint_step)
+    ckpt = load_checkpoint(args.root_dir, args.checkpoint_step, args.best)
     config = load_stored_config(args.root_dir, ckpt, trusted)
     if config.ml_type != "rl":
         raise ExportError(f"{args.root_dir} trained a supervised model (TrainerConfig.ml_type={config.ml_type!r}): "

@@ -191,7 +191,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     failed = [o for o in outcomes if not o.ok]
     groups = [Group(point.name, tuple(o.root for o in outcomes if o.point == point and o.ok))
               for point in points]
-    rows = [summarize(g, args.threshold) for g in groups if g.runs]
+    rows = [summarize(g, args.threshold) for g in groups if g.dirs]
     summary = format_table(rows, args.format, args.threshold) if rows else "(no run finished)"
     print(summary)
     with open(os.path.join(root_dir, "grid_summary.txt"), "w") as f:

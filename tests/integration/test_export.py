@@ -331,3 +331,17 @@ def test_cli_exports_and_refuses_an_untrusted_import(runs, tmp_path):
 def test_bad_allow_import_is_one_line(runs, capsys):
     assert export_error(capsys, "--root_dir", runs["dqn"], "--format", "pt2", "--allow_import", "my-envs").startswith(
         "error: --allow_import 'my-envs' is not a module name")
+
+
+def test_best_exports_the_best_evaluated_policy(tmp_path, capsys):
+    """--best reads RUN/checkpoints/best (kept by runs that evaluate); a run without one is a one-line error."""
+    root = run_trainer_from_text(tmp_path, RECURRENT_PPO_MEMORY_CUE.replace("num_iterations = 24",
+                                                                            "num_iterations = 6"), name="evaluated")
+    out = tmp_path / "best.pt2"
+    assert export.main(["--root_dir", str(root), "--format", "pt2", "--best", "--out", str(out)]) == 0
+    record = json.loads(out.with_name("best.pt2.json").read_text())
+    assert "/checkpoints/best/ckpt-" in record["checkpoint"]["path"], record["checkpoint"]
+    capsys.readouterr()
+    no_best = run_trainer_from_text(tmp_path, RECURRENT_PPO, name="unevaluated")
+    assert export_error(capsys, "--root_dir", no_best, "--format", "pt2", "--best").startswith(
+        "error: no best checkpoint under")
