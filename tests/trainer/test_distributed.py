@@ -113,7 +113,7 @@ def test_ranks_end_with_identical_parameters_and_only_rank_0_writes(tmp_path, co
     assert len((root / "eval_log.jsonl").read_text().splitlines()) == expected_evals
     assert "[rank 1]" not in (root / "log.txt").read_text()
     assert "[rank 1]" in proc.stderr  # rank 1 did run (and logged to stderr only)
-    assert sorted(os.listdir(root / "checkpoints")) == checkpoints
+    assert sorted(os.listdir(root / "checkpoints")) == ["best"] + checkpoints  # (best: the best evaluated policy)
 
 
 SLOW = SAC.replace("'alfish/PointGoal-v0'", "'alfish/Latency-v0'").replace(

@@ -37,7 +37,7 @@ def check_trains_on_two_ranks(conf: str, root: pathlib.Path) -> None:
     assert proc.returncode == 0, f"{conf}: exit {proc.returncode}\n{proc.stderr[-4000:]}"
     for rank in (0, 1):
         assert f"[rank {rank}] INFO training finished: {ITERATIONS} iterations" in proc.stderr, proc.stderr[-3000:]
-    newest = sorted((root / "checkpoints").iterdir(), key=lambda p: int(p.name.split("-")[1]))[-1]
+    newest = sorted((root / "checkpoints").glob("ckpt-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
     assert json.loads((newest / "meta.json").read_text())["world_size"] == 2
 
 
