@@ -277,3 +277,19 @@ def policy_snapshot(algorithm: nn.Module, transformer: nn.Module) -> dict[str, A
     (``{"algorithm": state dict, "transformers": state dict}``)."""
     return {"algorithm": {k: v.detach().to("cpu", copy=True) for k, v in algorithm.state_dict().items()},
             "transformers": {k: v.detach().to("cpu", copy=True) for k, v in transformer.state_dict().items()}}
+
+
+def recorded_iterations(root_dir: str) -> set[int]:
+    """The iterations ``root_dir/eval_log.jsonl`` has a record of (a half-written last line is skipped)."""
+    try:
+        with open(os.path.join(root_dir, "eval_log.jsonl")) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return set()
+    recorded = set()
+    for line in lines:
+        try:
+            recorded.add(int(json.loads(line)["iteration"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return recorded

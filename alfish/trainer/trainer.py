@@ -31,7 +31,7 @@ from alfish.trainer.callbacks import CallbackList
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.disk import DiskWriteError, disk_error_in
-from alfish.trainer.evaluator import EvaluatorPart
+from alfish.trainer.evaluator import EvaluatorPart, recorded_iterations
 from alfish.trainer.options import RunOptions
 from alfish.trainer.profiler import NullProfiler
 from alfish.trainer.progress import Progress
@@ -122,7 +122,10 @@ class Trainer:
         depend on the iteration (episodes in flight are not resumable)."""
         collector_state, pending_evaluations = None, []
         if self.resume_from is not None:
-            pending_evaluations = self.resume_from.tensors.get("pending_evaluations") or []
+            # an evaluation pending when the checkpoint was written, and recorded after it, is not re-run
+            recorded = recorded_iterations(self.config.root_dir)
+            pending_evaluations = [p for p in self.resume_from.tensors.get("pending_evaluations") or []
+                                   if int(p["iteration"]) not in recorded]
             collector_state = restore(self.resume_from, algorithm=self.algorithm, transformer=self.transformer,
                                       learner=self.learner, counters=self.counters, stats=self.collector.stats,
                                       replay=self.replay, spec=self.collector.spec, rank=self.dist.rank,

@@ -12,7 +12,6 @@ import alfish.envs.toy  # noqa: F401  (registers alfish/*)
 from alfish.data import nest
 from alfish.data.types import StepType
 from alfish.envs.batched_env import BatchedEnv, create_environment
-from alfish.envs.episode_log import episode_seed
 
 F, M, L = StepType.FIRST, StepType.MID, StepType.LAST
 
@@ -102,9 +101,8 @@ def test_out_of_bounds_box_action_moves_as_the_bound(make_env):
 # ------------------------------------------------------------------------------ classic control: real gymnasium ---
 
 def test_cartpole_matches_plain_gymnasium_env_through_termination_and_autoreset(make_env):
-    """Every step of BatchedEnv equals a plain gym.make('CartPole-v1') seeded the same way (env i: seed + i for its
-    first episode, episode_seed(seed + i, e) for its e-th), with terminated -> LAST/discount 0 and the plain env's
-    reset -> FIRST/reward 0."""
+    """Every step of BatchedEnv equals a plain gym.make('CartPole-v1') seeded the same way (env i: seed + i), with
+    terminated -> LAST/discount 0 and the plain env's reset() -> FIRST/reward 0."""
     seed, n = 11, 2
     env = make_env("CartPole-v1", n, seed=seed)
     plain = [gym.make("CartPole-v1") for _ in range(n)]
@@ -113,14 +111,12 @@ def test_cartpole_matches_plain_gymnasium_env_through_termination_and_autoreset(
         expected_obs = [p.reset(seed=seed + i)[0] for i, p in enumerate(plain)]
         assert np.allclose(ts.observation.numpy(), np.stack(expected_obs))
         pending_reset = [False] * n
-        episodes = [0] * n
         saw = {"term": 0, "first_after": 0}
         for _ in range(40):  # pushing left always: the pole falls in ~10 steps, several episodes each
             ts = env.step(torch.zeros(n, dtype=torch.int64))
             for i, p in enumerate(plain):
                 if pending_reset[i]:
-                    episodes[i] += 1
-                    obs, _ = p.reset(seed=episode_seed(seed + i, episodes[i]))
+                    obs, _ = p.reset()
                     exp_type, exp_rew, exp_disc = F, 0.0, 1.0
                     pending_reset[i] = False
                     saw["first_after"] += 1
