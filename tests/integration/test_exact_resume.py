@@ -192,3 +192,27 @@ def test_a_nondeterministic_env_is_named_on_resume_and_the_run_goes_on(tmp_path,
         gin.clear_config()
     warnings = [r.getMessage() for r in caplog.records if "exact resume" in r.getMessage()]
     assert len(warnings) == 1 and "env 'alfish_test/Unseeded-v0' is not deterministic" in warnings[0], warnings
+
+
+def test_a_resume_under_other_settings_warns(tmp_path, caplog):
+    """The checkpoint records the device type, threads, compile mode and deterministic algorithms; a resume under
+    other ones says which (exactness holds for the same ones)."""
+    from alfish.trainer.resume import warn_on_other_settings
+
+    class Ckpt:
+        path = str(tmp_path / "ckpt-5")
+        meta = {"reproducibility": {"device": "cpu", "threads": torch.get_num_threads() + 1, "compile_mode": None,
+                                    "deterministic_algorithms": torch.are_deterministic_algorithms_enabled()}}
+
+    class Learner:
+        device, compile_mode = torch.device("cpu"), None
+
+    with caplog.at_level(logging.WARNING):
+        warn_on_other_settings(Ckpt(), Learner())
+    (message,) = [r.getMessage() for r in caplog.records]
+    assert f"threads {torch.get_num_threads() + 1} -> {torch.get_num_threads()}" in message
+    assert "device" not in message.split("(")[1]  # only what changed is named
+    caplog.clear()
+    Ckpt.meta["reproducibility"]["threads"] = torch.get_num_threads()
+    warn_on_other_settings(Ckpt(), Learner())
+    assert not caplog.records
