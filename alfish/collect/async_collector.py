@@ -123,7 +123,7 @@ class AsyncCollector(Collector):
 
     def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
               seed: Optional[int], progress: ProgressPoint,
-              before_publish: Callable[[], None] = lambda: None) -> None:
+              before_publish: Callable[[], None] = lambda: None, resume: Optional[dict] = None) -> None:
         self._algorithm, self._transformer, self._sink = algorithm, transformer, sink
         self._before_publish = before_publish
         self._stats_view = transformer.rollout_view(update_stats=True)

@@ -13,6 +13,7 @@ Life cycle::
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Callable, Optional
 
 import torch
@@ -44,14 +45,21 @@ class Collector:
 
     spec: EnvSpec
     stats: EpisodeStats
+    #: Set by ``start``: the envs' episodes in flight were put back as they were (exact resume).
+    resumed_exactly: bool = False
 
     def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
               seed: Optional[int], progress: ProgressPoint,
-              before_publish: Callable[[], None] = lambda: None) -> None:
-        """Begin acting with ``algorithm``'s rollout policy; envs reset with ``seed`` (``None``: their own).
-        ``before_publish`` runs before parameters are copied to another process (the learner's non-finite check, so
-        no NaN policy is shipped)."""
+              before_publish: Callable[[], None] = lambda: None, resume: Optional[dict] = None) -> None:
+        """Begin acting with ``algorithm``'s rollout policy; envs reset with ``seed`` (``None``: their own), or, with
+        ``resume`` (a ``state_dict`` from a checkpoint), put back where they were. ``before_publish`` runs before
+        parameters are copied to another process (the learner's non-finite check, so no NaN policy is shipped)."""
         raise NotImplementedError
+
+    def state_dict(self) -> Optional[dict]:
+        """What ``start(resume=...)`` needs to continue the envs' episodes exactly; None where that cannot be done
+        (an async unroll: what was in flight in the child is timing-dependent)."""
+        return None
 
     def collect(self, steps_per_env: int) -> int:
         """Hand ``steps_per_env`` steps of every env to the sink; returns the steps per env collected."""
@@ -94,10 +102,25 @@ class SyncCollector(Collector):
 
     def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
               seed: Optional[int], progress: ProgressPoint,
-              before_publish: Callable[[], None] = lambda: None) -> None:
+              before_publish: Callable[[], None] = lambda: None, resume: Optional[dict] = None) -> None:
         self._sink = sink
         self.unroller = Unroller(self.env, algorithm, self.stats, transformer.rollout_view(update_stats=True), seed,
                                  self.device)
+        self.resumed_exactly = False
+        if resume is None:
+            return
+        matched = self.unroller.load_state_dict(resume)
+        self.resumed_exactly = all(matched)
+        if not all(matched):
+            differ = [i for i, ok in enumerate(matched) if not ok]
+            logging.warning("exact resume: env '%s' is not deterministic (or its episode was too long to log): "
+                            "replaying the episode in flight of env(s) %s did not reproduce its last observation; "
+                            "the episodes in flight restart instead, and the resumed run will differ from one that "
+                            "never stopped", self.env.env_name, differ)
+            self.unroller.reset(seed)
+
+    def state_dict(self) -> Optional[dict]:
+        return self.unroller.state_dict() if self.unroller is not None else None
 
     def collect(self, steps_per_env: int) -> int:
         self.unroller.unroll(steps_per_env, self._sink)

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import deque
 
 import numpy as np
+import torch
 
 from alfish.data.types import StepType, TimeStep
 
@@ -43,3 +44,17 @@ class EpisodeStats:
 
     def average_length(self) -> float:
         return sum(self.lengths) / len(self.lengths) if self.lengths else float("nan")
+
+    def state_dict(self) -> dict:
+        """The running sums and the finished episodes' window (exact resume)."""
+        return dict(running_return=torch.from_numpy(self._return.copy()),
+                    running_length=torch.from_numpy(self._length.copy()),
+                    returns=list(self.returns), lengths=list(self.lengths), num_episodes=self.num_episodes)
+
+    def load_state_dict(self, state: dict) -> None:
+        self._return = np.asarray(state["running_return"], dtype=np.float64).copy()
+        self._length = np.asarray(state["running_length"], dtype=np.int64).copy()
+        self.returns.clear(), self.lengths.clear()
+        self.returns.extend(float(r) for r in state["returns"])
+        self.lengths.extend(int(n) for n in state["lengths"])
+        self.num_episodes = int(state["num_episodes"])

@@ -23,7 +23,7 @@ class NoCollector(Collector):
 
     def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
               seed: Optional[int], progress: ProgressPoint,
-              before_publish: Callable[[], None] = lambda: None) -> None:
+              before_publish: Callable[[], None] = lambda: None, resume: Optional[dict] = None) -> None:
         """Nothing acts."""
 
     def collect(self, steps_per_env: int) -> int:

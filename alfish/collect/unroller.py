@@ -6,6 +6,7 @@ import contextlib
 import time
 from typing import Any, Callable, Optional
 
+import numpy as np
 import torch
 
 from alfish.algorithms.base import Algorithm
@@ -18,6 +19,15 @@ from alfish.learn.device import CPU
 
 def _identity(nest_: Any) -> Any:
     return nest_
+
+
+def _as_tensor(value: Any) -> Any:
+    return torch.from_numpy(np.array(value)) if isinstance(value, np.ndarray) or isinstance(value, np.generic) \
+        else value
+
+
+def _as_numpy(value: Any) -> Any:
+    return value.numpy() if isinstance(value, torch.Tensor) else value
 
 
 def to_device(nest_: Any, device: torch.device) -> Any:
@@ -54,6 +64,39 @@ class Unroller:
         self.device = device
         self.recurrent = bool(getattr(algorithm, "recurrent", False))
         self.reset(seed)
+
+    def state_dict(self) -> Optional[dict]:
+        """Everything the unroll carries from one step to the next, for exact resume: the current time step, the
+        recurrent state, the transformers' rollout state (e.g. a frame stack), the episode statistics, and each env's
+        episode seed and actions so far; None when the envs cannot give theirs (EnvPool). Tensors and Python scalars
+        only (a checkpoint's contents)."""
+        envs = self.env.resume_states()
+        if envs is None:
+            return None
+        return dict(time_step=dict(self.time_step._asdict()), recurrent_state=self.state,
+                    transform_state=getattr(self.transform, "state", None),
+                    stats=self.stats.state_dict() if self.stats is not None else None,
+                    prev_done=torch.from_numpy(self.env._prev_done.copy()),
+                    envs=[nest.map_nest(_as_tensor, e) for e in envs])
+
+    def load_state_dict(self, state: dict) -> list[bool]:
+        """Put the envs and the unroll back where ``state_dict`` left them; returns, per env, whether its replay
+        reproduced the stored observation (when one did not, the caller resets instead: see ``Trainer``)."""
+        envs = [nest.map_nest(_as_numpy, e) for e in state["envs"]]
+        matched = self.env.restore(envs, np.asarray(state["prev_done"]))
+        if not all(matched):
+            return matched
+        self.time_step, self._seen = TimeStep(**state["time_step"]), None
+        if self.recurrent:
+            self.state = nest.map_nest(self._on_device, state["recurrent_state"])
+        if hasattr(self.transform, "state"):
+            self.transform.state = nest.map_nest(self._on_device, state["transform_state"])
+        if self.stats is not None and state["stats"] is not None:
+            self.stats.load_state_dict(state["stats"])
+        return matched
+
+    def _on_device(self, value: Any) -> Any:
+        return value.to(self.device) if isinstance(value, torch.Tensor) else value
 
     def reset(self, seed: Optional[int] = None) -> None:
         self.time_step: TimeStep = self.env.reset(seed)

@@ -18,6 +18,7 @@ import torch
 
 from alfish.data.types import StepType, TimeStep
 from alfish.envs.contract import EnvContractError
+from alfish.envs.episode_log import RESTORE
 from alfish.envs.factory import EnvFactory
 from alfish.envs.workers import EnvWorkers
 
@@ -66,6 +67,7 @@ class BatchedEnv:
             # forkserver workers: they do not inherit torch's threads or the trainer's signal handlers
             self._venv = EnvWorkers(fns, env_name, step_timeout_s, autoreset_mode=mode)
         self._async = vectorization == "async"
+        self._envpool = vectorization == "envpool"
         self.observation_space = self._venv.single_observation_space
         self.action_space = self._venv.single_action_space
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
@@ -127,6 +129,34 @@ class BatchedEnv:
             prev_action=prev_action,
             env_id=self._env_id,
         )
+
+    # ------------------------------------------------------------------------------------------------ exact resume
+    def resume_states(self) -> Optional[list[dict]]:
+        """Each env's episode seed, actions so far and last observation (``EpisodeLog.resume_state``), or None when
+        the envs cannot say (``vectorization='envpool'``)."""
+        if self._envpool:
+            return None
+        return list(self._call("resume_state"))
+
+    def restore(self, states: list[dict], prev_done: np.ndarray) -> list[bool]:
+        """Put every env back where ``resume_states`` left it (reset with its episode's seed, the actions replayed);
+        returns, per env, whether its last observation came out as stored (False: the env is not deterministic, or
+        its episode was too long to log). ``prev_done``: which envs had just ended an episode."""
+        options = {RESTORE: dict(enumerate(states))}
+        indices = list(range(self.num_envs))  # (each env's seed argument is its index: it picks its own state)
+        if self._async:
+            self._venv.reset_async(seed=indices, options=options)
+            self._venv.reset_wait(timeout=self._step_timeout_s)
+        else:
+            self._venv.reset(seed=indices, options=options)
+        self._prev_done[:] = prev_done
+        return [bool(m) for m in self._call("restored_exactly")]
+
+    def _call(self, name: str) -> tuple:
+        if self._async:
+            self._venv.call_async(name)
+            return self._venv.call_wait(timeout=self._step_timeout_s)
+        return self._venv.call(name)
 
     def random_action(self) -> torch.Tensor:
         """A uniformly random action for each env, ``[B, *action_shape]``."""

@@ -18,6 +18,7 @@ import gymnasium as gym
 
 from alfish.envs.atari import is_atari, make_atari
 from alfish.envs.contract import ContractCheck, EnvContractError
+from alfish.envs.episode_log import EpisodeLog
 
 
 def conf_imports() -> tuple[str, ...]:
@@ -30,7 +31,8 @@ def conf_imports() -> tuple[str, ...]:
 @dataclasses.dataclass(frozen=True)
 class EnvFactory:
     """Makes one env: ``gymnasium.make(env_name, render_mode=..., **env_kwargs)`` (``make_atari`` for ``ALE/...``
-    names) wrapped in ``ContractCheck``.
+    names) wrapped in ``ContractCheck`` and ``EpisodeLog`` (how each episode began and its actions, for exact
+    resume).
 
     imports: modules to import first (``conf_imports()`` of the building process); they may register ``env_name``.
     parent_pid: the building process, to tell a worker's "env id not registered" from a plain unknown id.
@@ -52,7 +54,8 @@ class EnvFactory:
 
     def __call__(self) -> gym.Env:
         self._import_like_the_parent()
-        return ContractCheck(self._make(), self.env_name)
+        # (the log outside the contract check: what it records has been checked)
+        return EpisodeLog(ContractCheck(self._make(), self.env_name))
 
     def _import_like_the_parent(self) -> None:
         import alfish.envs.toy  # noqa: F401  (registers the alfish/* ids)

@@ -99,6 +99,7 @@ class Learner:
         if compile_mode == "reduce-overhead" and self.device.type != "cuda":
             raise OneLineValueError(f"Learner.compile_mode='reduce-overhead' captures CUDA graphs, but training runs "
                                     f"on {self.device}; use 'default' (or None) there")
+        self.compile_mode = compile_mode
         self._compute_loss = self.loss_module if compile_mode is None else CompiledLoss(self.loss_module, compile_mode)
         self.num_updates = 0
         if finite_check_interval is None:

@@ -67,6 +67,8 @@ class _Request:
     summaries: Any
     root_dir: str
     snapshot: Optional[dict[str, Any]] = None  # the evaluated parameters (keep_snapshots)
+    index: int = 0  # the evaluation's k (its envs reset with reseed(seed, k))
+    eval_state: Optional[dict[str, Any]] = None  # what the child evaluates (CPU copies): kept for a checkpoint
 
 
 class AsyncEvaluator:
@@ -146,17 +148,47 @@ class AsyncEvaluator:
     def record(self, algorithm: Algorithm, summaries: Any, root_dir: str, counters: Any) -> None:
         """Send a copy of the current parameters (and transformer statistics) to the child and return; the result is
         recorded against ``counters``' iteration and env steps when it arrives."""
-        self._wait_for_results(busy=True)
         state = eval_state(algorithm, self.transformer, self.uncertainty)
-        if self.block is None:
-            self.block = ParamBlock(self.shared, state)
-            self._commands.put(("block", self.block.name))
         index = self.num_evaluations
         self.num_evaluations += 1
         request = _Request(counters.iteration, counters.env_steps, counters.elapsed_s(), summaries, root_dir,
-                           policy_snapshot(algorithm, self.transformer) if self.keep_snapshots else None)
+                           policy_snapshot(algorithm, self.transformer) if self.keep_snapshots else None, index,
+                           {k: v.detach().to("cpu", copy=True) for k, v in state.items()})
+        self._submit(state, request)
+
+    def stop_recording(self) -> None:
+        """Record no more results (a stop: the checkpoint about to be written keeps what is pending, to be re-run
+        after the resume, so a result arriving now must not be recorded twice). Waits for a record being written."""
+        with self._cond:
+            self._closing = True
+        if self._watcher.is_alive():
+            self._watcher.join(timeout=2 * POLL_S + 5.0)
+
+    def pending(self) -> list[dict]:
+        """The evaluations sent and not yet recorded, for a checkpoint (``resubmit`` re-runs them after a resume):
+        their counters, index and evaluated state (tensors)."""
+        with self._cond:
+            return [dict(iteration=r.iteration, env_steps=r.env_steps, elapsed_s=r.elapsed_s, index=r.index,
+                         state=r.eval_state, snapshot=r.snapshot) for r in self._pending.values()]
+
+    def resubmit(self, pending: list[dict], summaries: Any, root_dir: str) -> None:
+        """Evaluate again what ``pending`` (from a checkpoint) describes: the evaluations a stop interrupted, on the
+        parameters they were sent with, recorded against their own iteration and env steps."""
+        for item in pending:
+            logging.info("re-running the asynchronous evaluation of iteration %d that the stop interrupted",
+                         item["iteration"])
+            request = _Request(int(item["iteration"]), int(item["env_steps"]), float(item["elapsed_s"]), summaries,
+                               root_dir, item.get("snapshot"), int(item["index"]), item["state"])
+            self._submit(item["state"], request)
+
+    def _submit(self, state: dict[str, Any], request: _Request) -> None:
+        self._wait_for_results(busy=True)
+        if self.block is None:
+            self.block = ParamBlock(self.shared, state)
+            self._commands.put(("block", self.block.name))
         with self._cond:  # registered before its result can be looked up
-            version = self.block.write(state, (request.iteration, request.env_steps, request.elapsed_s, index),
+            version = self.block.write(state, (request.iteration, request.env_steps, request.elapsed_s,
+                                               request.index),
                                        keep_waiting=self._child_alive)
             if not self._pending:
                 self._beat_at = time.monotonic()  # the hang clock runs while a request is outstanding

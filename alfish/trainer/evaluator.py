@@ -87,6 +87,15 @@ class EvaluatorPart(Protocol):
     def completed(self) -> list[Evaluation]:
         """The evaluations recorded since the last call, oldest first (for the trainer's callbacks)."""
 
+    def stop_recording(self) -> None:
+        """Record no more results: the run stops, and its last checkpoint keeps what is pending."""
+
+    def pending(self) -> list[dict]:
+        """Evaluations asked for and not yet recorded, for a checkpoint (see ``AsyncEvaluator.pending``)."""
+
+    def resubmit(self, pending: list[dict], summaries: Any, root_dir: str) -> None:
+        """Evaluate again the evaluations a stop interrupted (``pending`` from the checkpoint)."""
+
     def wait(self) -> None:
         """Return once every evaluation asked for is recorded (raises what went wrong on the way)."""
 
@@ -179,6 +188,18 @@ class Evaluator:
         done, self._completed = self._completed, []
         return done
 
+    def stop_recording(self) -> None:
+        """Nothing is ever in flight here."""
+
+    def pending(self) -> list[dict]:
+        return []  # (each evaluation is recorded before record returns)
+
+    def resubmit(self, pending: list[dict], summaries: Any, root_dir: str) -> None:
+        if pending:  # (this evaluates the live algorithm only)
+            logging.warning("the checkpoint holds %d asynchronous evaluation(s) that the stop interrupted (iteration "
+                            "%s); this run evaluates synchronously (TrainerConfig.async_eval=False), so they are not "
+                            "re-run", len(pending), ", ".join(str(p["iteration"]) for p in pending))
+
     def check(self) -> None:
         """Nothing runs in the background here."""
 
@@ -256,3 +277,19 @@ def policy_snapshot(algorithm: nn.Module, transformer: nn.Module) -> dict[str, A
     (``{"algorithm": state dict, "transformers": state dict}``)."""
     return {"algorithm": {k: v.detach().to("cpu", copy=True) for k, v in algorithm.state_dict().items()},
             "transformers": {k: v.detach().to("cpu", copy=True) for k, v in transformer.state_dict().items()}}
+
+
+def recorded_iterations(root_dir: str) -> set[int]:
+    """The iterations ``root_dir/eval_log.jsonl`` has a record of (a half-written last line is skipped)."""
+    try:
+        with open(os.path.join(root_dir, "eval_log.jsonl")) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        return set()
+    recorded = set()
+    for line in lines:
+        try:
+            recorded.add(int(json.loads(line)["iteration"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return recorded

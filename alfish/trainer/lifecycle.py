@@ -17,8 +17,11 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import time
 from typing import TYPE_CHECKING, Optional
+
+import gin
 
 from alfish.trainer.callbacks import Evaluation, TrainerCallback
 from alfish.trainer.checkpoint import Checkpointer, CheckpointError
@@ -107,3 +110,17 @@ class EvaluateAtStart(TrainerCallback):
     def before_run(self, trainer: "Trainer") -> None:
         if trainer.counters.iteration == 0:
             trainer.evaluate_now()
+
+
+@gin.configurable
+class SimulatedPreemption(TrainerCallback):
+    """Sends this process SIGTERM after iteration ``iteration``, as a cluster's preemption would: the trainer writes
+    a checkpoint at that iteration and exits with 128 + 15 (``python -m alfish.tools.check_resume`` uses it through
+    ``Trainer.callbacks = [@SimulatedPreemption()]``)."""
+
+    def __init__(self, iteration: int):
+        self.iteration = int(iteration)
+
+    def after_iteration(self, trainer: "Trainer") -> None:
+        if trainer.counters.iteration == self.iteration:
+            os.kill(os.getpid(), signal.SIGTERM)

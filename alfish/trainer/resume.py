@@ -74,16 +74,25 @@ def job_world_size() -> int:
 
 def checkpoint_contents(*, algorithm: Algorithm, transformer: DataTransformer, learner: Learner, counters: Counters,
                         stats: EpisodeStats, replay: Optional[ReplayBuffer], seed: int,
-                        world_size: Optional[int] = None, spec: Optional[EnvSpec] = None) -> tuple[dict, dict]:
+                        world_size: Optional[int] = None, spec: Optional[EnvSpec] = None,
+                        collector_state: Optional[dict] = None,
+                        pending_evaluations: Optional[list] = None) -> tuple[dict, dict]:
     """``(tensors, meta)`` for ``Checkpointer.save``; ``replay=None`` leaves the buffer out. ``world_size``: the
     job's number of ranks (``None``: read from the process group). ``spec``: the env's spaces, recorded with the
-    replay buffer's field names (``meta['replay_layout']``) so the buffer can be read as an offline dataset."""
+    replay buffer's field names (``meta['replay_layout']``) so the buffer can be read as an offline dataset.
+    ``collector_state``: the envs' episodes in flight and the unroll's state (``Collector.state_dict``), for an
+    exact resume. ``pending_evaluations``: asynchronous evaluations sent and not yet recorded (re-run on resume)."""
     rng_tensors, rng_meta = capture_rng_state()
     tensors = dict(algorithm=algorithm.state_dict(), transformers=transformer.state_dict(),
                    learner=learner.state_dict(), rng=rng_tensors)
     if replay is not None:
         tensors["replay"] = replay.state_dict()
-    meta = dict(run_meta(counters, seed, world_size), num_episodes=stats.num_episodes, rng=rng_meta)
+    if collector_state is not None:
+        tensors["collector"] = collector_state
+    if pending_evaluations:
+        tensors["pending_evaluations"] = pending_evaluations
+    meta = dict(run_meta(counters, seed, world_size), num_episodes=stats.num_episodes, rng=rng_meta,
+                reproducibility=reproducibility_settings(learner))
     if replay is not None and spec is not None:
         meta["replay_layout"] = replay_layout(replay, spec)
     return tensors, meta
@@ -97,6 +106,24 @@ def run_meta(counters: Counters, seed: int, world_size: Optional[int] = None) ->
                 world_size=job_world_size() if world_size is None else int(world_size))
 
 
+def reproducibility_settings(learner: Learner) -> dict:
+    """What an exact resume needs to be the same as when the checkpoint was written (a resume under other settings
+    warns): the training device type, torch's thread count, the compile mode, deterministic algorithms."""
+    return dict(device=learner.device.type, threads=torch.get_num_threads(),
+                compile_mode=getattr(learner, "compile_mode", None),
+                deterministic_algorithms=torch.are_deterministic_algorithms_enabled())
+
+
+def warn_on_other_settings(ckpt: LoadedCheckpoint, learner: Learner) -> None:
+    recorded, now = ckpt.meta.get("reproducibility"), reproducibility_settings(learner)
+    if recorded is None:
+        return
+    changed = [f"{k} {recorded.get(k)!r} -> {now[k]!r}" for k in now if recorded.get(k) != now[k]]
+    if changed:
+        logging.warning("resuming under other settings than %s was written with (%s): the run continues, but not "
+                        "tensor for tensor as it would have without the stop", ckpt.path, ", ".join(changed))
+
+
 def replay_layout(replay: ReplayBuffer, spec: EnvSpec) -> dict:
     """The stored fields' names (in the order of the checkpoint's leaves) and the env's spaces, as JSON."""
     return {"fields": replay.storage.field_names(), "observation_space": space_to_json(spec.observation_space),
@@ -105,10 +132,12 @@ def replay_layout(replay: ReplayBuffer, spec: EnvSpec) -> dict:
 
 def restore(ckpt: LoadedCheckpoint, *, algorithm: Algorithm, transformer: DataTransformer, learner: Learner,
             counters: Counters, stats: EpisodeStats, replay: Optional[ReplayBuffer], spec: EnvSpec,
-            rank: int = 0, rank_seed: int = 0) -> None:
-    """Load every part's state from ``ckpt``, the global RNGs last. A replay buffer absent from the checkpoint stays
-    empty. Stored episodes end where they were cut (the envs restart: episodes in flight are not resumable). Rank
-    ``r > 0`` of a DDP job, which loads rank 0's checkpoint, continues on an RNG stream of its own."""
+            rank: int = 0, rank_seed: int = 0) -> Optional[dict]:
+    """Load every part's state from ``ckpt``, the global RNGs last; returns the collector's state (the envs'
+    episodes in flight), for ``Collector.start(resume=...)``, or None. A replay buffer absent from the checkpoint
+    stays empty. When the collector cannot be put back exactly, the caller cuts the stored episodes
+    (``replay.truncate_episodes``): the envs restart. Rank ``r > 0`` of a DDP job, which loads rank 0's checkpoint,
+    continues on an RNG stream of its own (and its envs restart)."""
     check_resumable(ckpt)
     meta, tensors = ckpt.meta, ckpt.tensors
     example = example_experience(algorithm, transformer, spec)  # before the RNG is restored: it draws an action
@@ -119,11 +148,12 @@ def restore(ckpt: LoadedCheckpoint, *, algorithm: Algorithm, transformer: DataTr
     stats.num_episodes = int(meta.get("num_episodes", 0))
     if replay is not None and "replay" in tensors:
         replay.load_state_dict(tensors["replay"], example)
-        replay.truncate_episodes()
     restore_rng_state(tensors["rng"], meta["rng"])
     if rank > 0:
         seed_everything(reseed(rank_seed, counters.iteration))
     logging.info("resumed from %s: iteration %d, env steps %d", ckpt.path, counters.iteration, counters.env_steps)
+    warn_on_other_settings(ckpt, learner)
+    return tensors.get("collector") if rank == 0 and int(meta.get("world_size", 1)) == 1 else None
 
 
 def choose_resume_point(root_dir: str, checkpointer: Checkpointer, dist_ctx: DistContext,

@@ -31,7 +31,7 @@ from alfish.trainer.callbacks import CallbackList
 from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.disk import DiskWriteError, disk_error_in
-from alfish.trainer.evaluator import EvaluatorPart
+from alfish.trainer.evaluator import EvaluatorPart, recorded_iterations
 from alfish.trainer.options import RunOptions
 from alfish.trainer.profiler import NullProfiler
 from alfish.trainer.progress import Progress
@@ -120,21 +120,31 @@ class Trainer:
     def _restore_or_start(self) -> None:
         """Restore every part from the resume point (if any), then start acting: the envs restart with seeds that
         depend on the iteration (episodes in flight are not resumable)."""
+        collector_state, pending_evaluations = None, []
         if self.resume_from is not None:
-            restore(self.resume_from, algorithm=self.algorithm, transformer=self.transformer, learner=self.learner,
-                    counters=self.counters, stats=self.collector.stats, replay=self.replay, spec=self.collector.spec,
-                    rank=self.dist.rank, rank_seed=self.rank_seed)
+            # an evaluation pending when the checkpoint was written, and recorded after it, is not re-run
+            recorded = recorded_iterations(self.config.root_dir)
+            pending_evaluations = [p for p in self.resume_from.tensors.get("pending_evaluations") or []
+                                   if int(p["iteration"]) not in recorded]
+            collector_state = restore(self.resume_from, algorithm=self.algorithm, transformer=self.transformer,
+                                      learner=self.learner, counters=self.counters, stats=self.collector.stats,
+                                      replay=self.replay, spec=self.collector.spec, rank=self.dist.rank,
+                                      rank_seed=self.rank_seed)
             self.resume_from = None
             self.resumed = True
         if self.evaluator is not None:  # continue the sequence of evaluation seeds
             self.evaluator.num_evaluations = self.counters.iteration // self.plan.eval_interval
             self.evaluator.keep_snapshots = self.callbacks.needs_snapshots
+            self.evaluator.resubmit(pending_evaluations, self.summaries, self.config.root_dir)
         reset_progress()
         self._update_schedules()
         self.callbacks.before_run(self)  # (a warm start loads its weights here: before the first action)
         sink = self.replay.add if self.replay is not None else None
         self.collector.start(self.algorithm, self.transformer, sink, reseed(self.rank_seed, self.counters.iteration),
-                             self.plan.progress(self.counters), before_publish=self.learner.check_finite)
+                             self.plan.progress(self.counters), before_publish=self.learner.check_finite,
+                             resume=collector_state)
+        if self.resumed and self.replay is not None and not self.collector.resumed_exactly:
+            self.replay.truncate_episodes()  # the envs restarted: the stored episodes end where they were cut
         self.started = True
 
     def _warm_up(self) -> None:
@@ -211,6 +221,8 @@ class Trainer:
                 logging.info("stopping at iteration %d: a callback asked to (e.g. Trainer.stop_value reached)",
                              self.counters.iteration)
             return None, finish_now
+        if self.evaluator is not None:  # what is still being evaluated goes into the checkpoint, re-run on resume
+            self.evaluator.stop_recording()
         self.save_checkpoint()
         logging.warning("stopped by signal %s at iteration %d; checkpoint written, rerun the same command to resume",
                         signals.stop_signal, self.counters.iteration)
@@ -263,7 +275,9 @@ class Trainer:
         tensors, meta = checkpoint_contents(
             algorithm=self.algorithm, transformer=self.transformer, learner=self.learner, counters=self.counters,
             stats=self.collector.stats, replay=self.replay if self.options.save_replay_buffer else None,
-            seed=self.seed, world_size=self.dist.world_size, spec=self.collector.spec)
+            seed=self.seed, world_size=self.dist.world_size, spec=self.collector.spec,
+            collector_state=self.collector.state_dict() if self.dist.world_size == 1 else None,
+            pending_evaluations=self.evaluator.pending() if self.evaluator is not None else None)
         path = self.checkpointer.save(self.counters.iteration, tensors, meta)
         logging.info("checkpoint written: %s", path)
         self.callbacks.after_checkpoint(self, path)

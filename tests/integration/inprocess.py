@@ -50,11 +50,12 @@ def run_trainer(conf_file: str | os.PathLike, root_dir: str | os.PathLike, param
 
 
 def run_trainer_from_text(tmp_path: pathlib.Path, conf_text: str, params: Sequence[str] = (),
-                          name: str = "run") -> pathlib.Path:
+                          name: str = "run", expect: int = 0) -> pathlib.Path:
+    """Train ``conf_text`` (+ ``params``) into ``tmp_path/name``; asserts the run's exit code is ``expect``."""
     conf = tmp_path / f"{name}.gin"
     conf.write_text(conf_text)
     root = tmp_path / name
-    assert run_trainer(conf, root, params) == 0
+    assert run_trainer(conf, root, params) == expect
     return root
 
 
