@@ -140,6 +140,7 @@ NO_VELOCITY = CONFS / "ppo_cartpole_novelocity.gin"
 FEED_FORWARD = ["EncodingNetwork.rnn = None", "TrainerConfig.use_rollout_state = False"]
 
 
+@pytest.mark.slow  # (~20 s; CI covers recurrent-vs-feed-forward on the memory toys above)
 @pytest.mark.timeout(90)
 def test_recurrent_ppo_balances_cartpole_without_velocities(tmp_path):
     root = tmp_path / "run"
@@ -149,6 +150,7 @@ def test_recurrent_ppo_balances_cartpole_without_velocities(tmp_path):
     assert max(returns) >= 195, returns  # CartPole-v0's "solved", 4x what the feed-forward policy reaches
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_feed_forward_ppo_cannot_balance_cartpole_without_velocities(tmp_path):
     root = tmp_path / "run"
