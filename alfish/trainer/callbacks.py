@@ -22,12 +22,13 @@ is taken by every rank at the same iteration, so no rank waits in a collective f
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Sequence
 
 from alfish.trainer.evaluator import Evaluation
 
-if TYPE_CHECKING:  # (the Trainer imports this module)
-    from alfish.trainer.trainer import Trainer
+#: The ``alfish.trainer.trainer.Trainer`` a hook is given (not imported: the Trainer imports this module, and a part
+#: it holds must not import it back).
+RunningTrainer = Any
 
 __all__ = ["CallbackList", "Evaluation", "TrainerCallback"]
 
@@ -38,19 +39,19 @@ class TrainerCallback:
     #: True when the callback needs ``Evaluation.snapshot`` (the async evaluator then keeps a copy per evaluation).
     needs_snapshots: bool = False
 
-    def before_run(self, trainer: "Trainer") -> None:
+    def before_run(self, trainer: RunningTrainer) -> None:
         pass
 
-    def after_iteration(self, trainer: "Trainer") -> None:
+    def after_iteration(self, trainer: RunningTrainer) -> None:
         pass
 
-    def after_evaluation(self, trainer: "Trainer", evaluation: Evaluation) -> None:
+    def after_evaluation(self, trainer: RunningTrainer, evaluation: Evaluation) -> None:
         pass
 
-    def after_checkpoint(self, trainer: "Trainer", path: str) -> None:
+    def after_checkpoint(self, trainer: RunningTrainer, path: str) -> None:
         pass
 
-    def after_run(self, trainer: "Trainer") -> None:
+    def after_run(self, trainer: RunningTrainer) -> None:
         pass
 
     def wants_stop(self) -> bool:
@@ -74,23 +75,23 @@ class CallbackList(TrainerCallback):
         self.callbacks = list(callbacks)
         self.needs_snapshots = any(c.needs_snapshots for c in self.callbacks)
 
-    def before_run(self, trainer: "Trainer") -> None:
+    def before_run(self, trainer: RunningTrainer) -> None:
         for callback in self.callbacks:
             callback.before_run(trainer)
 
-    def after_iteration(self, trainer: "Trainer") -> None:
+    def after_iteration(self, trainer: RunningTrainer) -> None:
         for callback in self.callbacks:
             callback.after_iteration(trainer)
 
-    def after_evaluation(self, trainer: "Trainer", evaluation: Evaluation) -> None:
+    def after_evaluation(self, trainer: RunningTrainer, evaluation: Evaluation) -> None:
         for callback in self.callbacks:
             callback.after_evaluation(trainer, evaluation)
 
-    def after_checkpoint(self, trainer: "Trainer", path: str) -> None:
+    def after_checkpoint(self, trainer: RunningTrainer, path: str) -> None:
         for callback in self.callbacks:
             callback.after_checkpoint(trainer, path)
 
-    def after_run(self, trainer: "Trainer") -> None:
+    def after_run(self, trainer: RunningTrainer) -> None:
         for callback in self.callbacks:
             callback.after_run(trainer)
 
