@@ -53,6 +53,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from alfish.bin.output_path import why_unwritable
 from alfish.bin.play import _one_line, load_checkpoint, load_stored_config, restore_policy
 from alfish.config import ConfError, TrainerConfig, load_config_text
 from alfish.config.untrusted import MAX_STORED_CONFIG_BYTES, TRUST_ALL, check_env_names, trusted_prefixes
@@ -143,13 +144,9 @@ def check_out(path: str) -> None:
     """Refuses an --out that exists or whose directory could not be written, before any step is collected."""
     if os.path.lexists(path):
         raise CollectError(f"--out {path!r} already exists; choose a new directory for the dataset")
-    existing = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(existing):  # the nearest ancestor that exists: the missing part is created later
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise CollectError(f"--out {path!r} cannot be written: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise CollectError(f"--out {path!r} cannot be written: {existing} is not writable; choose another directory")
+    reason = why_unwritable(path)
+    if reason is not None:
+        raise CollectError(f"--out {path!r} cannot be written: {reason}")
 
 
 # ------------------------------------------------------------------------------------------- the stored config ----

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 
 from alfish.algorithms.base import Algorithm
+from alfish.bin.output_path import why_unwritable
 from alfish.bin.play import _one_line, _shortened, create_env, load_checkpoint, load_stored_config, restore_policy
 from alfish.config import ConfError
 from alfish.config.untrusted import TRUST_ALL, trusted_prefixes
@@ -116,13 +117,9 @@ def check_out(path: str, fmt: str) -> None:
         raise ExportError(f"--out {path!r} must end with {SUFFIXES[fmt]} for --format {fmt}")
     if os.path.isdir(path):
         raise ExportError(f"--out {path!r} is a directory; give a file name ending with {SUFFIXES[fmt]}")
-    existing = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(existing):  # the nearest ancestor that exists: the missing part is created later
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise ExportError(f"--out {path!r} cannot be written: {existing} is a file, not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ExportError(f"--out {path!r} cannot be written: {existing} is not writable; choose another directory")
+    reason = why_unwritable(path)
+    if reason is not None:
+        raise ExportError(f"--out {path!r} cannot be written: {reason}")
 
 
 def export(args: argparse.Namespace) -> tuple[str, dict]:
