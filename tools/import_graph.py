@@ -5,7 +5,10 @@
 
 Every import is an edge, also one inside a function (a deferred import that closes a cycle is still a cycle: the two
 modules cannot be understood or tested apart); only imports under ``if TYPE_CHECKING:`` are not.
-``tests/test_import_graph.py`` fails when the graph has a cycle.
+
+The packages form layers (``LAYERS``, lowest first): a package imports only packages of the layers below it, so each
+can be read and tested with only what lies beneath it. ``tests/test_import_graph.py`` fails when the graph has a
+cycle or an upward import; this script prints both and exits 1.
 """
 from __future__ import annotations
 
@@ -15,6 +18,11 @@ import pathlib
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+#: The package order, lowest first: ``alfish.<name>`` may import only names before it (and itself). The top-level
+#: ``alfish`` package (its version) and the top-level modules ``errors`` and ``seeding`` are the floor.
+LAYERS = ("alfish", "errors", "seeding", "data", "config", "schedulers", "networks", "losses", "envs", "transforms",
+          "rundir", "algorithms", "replay", "learn", "collect", "evaluate", "export", "trainer", "bin", "tools")
 
 
 def module_names(package_dir: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -105,6 +113,23 @@ def package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
     return folded
 
 
+def layer_of(package: str, layers: tuple[str, ...] = LAYERS) -> int:
+    """The index in ``layers`` of a folded package name (``alfish`` or ``alfish.<name>``)."""
+    name = package.partition(".")[2] or package
+    if name not in layers:
+        raise ValueError(f"{package} has no place in tools/import_graph.py LAYERS: add it where it belongs")
+    return layers.index(name)
+
+
+def upward_imports(graph: dict[str, set[str]], layers: tuple[str, ...] = LAYERS) -> list[tuple[str, str]]:
+    """Every ``(module, imported module)`` whose import runs upward: to a package of a higher layer."""
+    def package(module: str) -> str:
+        return ".".join(module.split(".")[:2])
+
+    return sorted((module, target) for module, edges in graph.items() for target in edges
+                  if layer_of(package(target), layers) > layer_of(package(module), layers))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modules", action="store_true", help="one line per module instead of per folder")
@@ -112,12 +137,16 @@ def main() -> int:
     args = parser.parse_args()
     graph = module_graph(pathlib.Path(args.package_dir))
     shown = graph if args.modules else package_graph(graph)
-    for name in sorted(shown):
-        print(f"{name} -> {', '.join(sorted(shown[name])) or '(nothing)'}")
+    order = {name: layer_of(".".join(name.split(".")[:2])) for name in shown}
+    for name in sorted(shown, key=lambda n: (order[n], n)):
+        print(f"{name} -> {', '.join(sorted(shown[name], key=lambda n: (order.get(n, 0), n))) or '(nothing)'}")
     found = cycles(graph)
     for cycle in found:
         print("CYCLE:", " <-> ".join(cycle))
-    return 1 if found else 0
+    upward = upward_imports(graph)
+    for module, target in upward:
+        print(f"UPWARD: {module} imports {target}")
+    return 1 if found or upward else 0
 
 
 if __name__ == "__main__":

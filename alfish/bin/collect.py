@@ -60,7 +60,7 @@ from alfish.config.untrusted import MAX_STORED_CONFIG_BYTES, TRUST_ALL, check_en
 from alfish.data.types import StepType, TimeStep
 from alfish.envs.batched_env import BatchedEnv, environment_settings
 from alfish.replay.offline.steps import Steps, check_steps
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
 
 FORMATS = ("alfish", "minari")
 OFFLINE_EXTRA = "pip install 'alfish[offline]'"

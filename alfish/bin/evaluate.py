@@ -33,9 +33,9 @@ from alfish.bin.play import _one_line, load_checkpoint, load_stored_config, rest
 from alfish.config import ConfError, TrainerConfig
 from alfish.config.untrusted import TRUST_ALL, check_env_names, trusted_prefixes
 from alfish.envs.batched_env import BatchedEnv, create_environment, environment_settings
+from alfish.evaluate.evaluator import Evaluator, write_evaluation
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
 from alfish.seeding import EVAL_SEED_OFFSET
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
-from alfish.trainer.evaluator import Evaluator, write_evaluation
 from alfish.trainer.summary import Summaries
 
 

@@ -59,7 +59,7 @@ from alfish.envs.spec import EnvSpec
 from alfish.export.formats import FORMATS, SUFFIXES, check_format_packages, export_program, load_program
 from alfish.export.policy_module import ExportedPolicy
 from alfish.export.verify import TOLERANCE, CheckResult, ReferencePolicy, check_rollout, check_sampled
-from alfish.trainer.checkpoint import CheckpointError, LoadedCheckpoint
+from alfish.rundir.checkpoint import CheckpointError, LoadedCheckpoint
 from alfish.transforms.base import SequentialDataTransformer
 
 SAMPLED_OBSERVATIONS = 1000

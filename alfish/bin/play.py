@@ -28,8 +28,8 @@ from alfish.config.untrusted import TRUST_ALL, check_env_names, trusted_prefixes
 from alfish.data.types import TimeStep
 from alfish.envs.batched_env import BatchedEnv, environment_settings
 from alfish.envs.spec import EnvSpec
-from alfish.trainer import episodes
-from alfish.trainer.checkpoint import META, Checkpointer, CheckpointError, LoadedCheckpoint
+from alfish.evaluate import episodes
+from alfish.rundir.checkpoint import META, Checkpointer, CheckpointError, LoadedCheckpoint
 from alfish.trainer.lifecycle import BEST_DIR
 from alfish.transforms.base import SequentialDataTransformer
 

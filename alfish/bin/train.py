@@ -60,7 +60,7 @@ class LogFileHandler(logging.FileHandler):
             super().emit(record)
 
     def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802  (logging's name)
-        from alfish.trainer.disk import write_failure
+        from alfish.rundir.disk import write_failure
 
         err = sys.exc_info()[1]
         if not isinstance(err, OSError):
@@ -82,7 +82,7 @@ def setup_logging(root_dir: str) -> None:
     Raises:
         DiskWriteError: root_dir cannot be created or log.txt cannot be opened (one line saying what to change).
     """
-    from alfish.trainer.disk import DiskWriteError, write_failure
+    from alfish.rundir.disk import DiskWriteError, write_failure
 
     rank = process_rank()
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
@@ -105,8 +105,8 @@ def disk_failure(err: BaseException, root_dir: str) -> Optional[str]:
     """The one-line report of ``err`` if it is the disk refusing a write under ``root_dir`` (alfish's own
     ``DiskWriteError``, or a full disk, quota or read-only file system anywhere in its chain), else None. It ends by
     saying which checkpoint is intact."""
-    from alfish.trainer.checkpoint import Checkpointer, CheckpointWriteError
-    from alfish.trainer.disk import DiskWriteError, disk_error_in, write_failure
+    from alfish.rundir.checkpoint import Checkpointer, CheckpointWriteError
+    from alfish.rundir.disk import DiskWriteError, disk_error_in, write_failure
 
     if isinstance(err, CheckpointWriteError):
         return str(err)  # names the last checkpoint already
@@ -164,7 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         record_error_for_torchrun(f"error: {one_line(err)}")
         return 2
-    from alfish.trainer.disk import DiskWriteError, check_root_dir  # light: no torch
+    from alfish.rundir.disk import DiskWriteError, check_root_dir  # light: no torch
 
     try:
         check_root_dir(args.root_dir)  # before anything is built: a file, a read-only folder, a full disk
@@ -174,8 +174,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         record_error_for_torchrun(f"error: {err}")
         return 2
     # after the conf is known good: imports torch-heavy modules
+    from alfish.rundir.checkpoint import CheckpointError
     from alfish.trainer.build import build_trainer
-    from alfish.trainer.checkpoint import CheckpointError
 
     try:
         trainer = build_trainer(config, fresh=args.fresh)

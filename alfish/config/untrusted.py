@@ -6,7 +6,7 @@ one-line `ConfError` naming the line and the flag that would trust it, when it h
 
 - more than `MAX_STORED_CONFIG_BYTES` of text (alfish writes a few KB);
 - an ``include`` (it would read another file) or a ``from __gin__ import ...`` (``dynamic_registration`` makes every
-  attribute chain reachable from an imported module callable, e.g. ``alfish.trainer.checkpoint.os.system``);
+  attribute chain reachable from an imported module callable, e.g. ``alfish.rundir.checkpoint.os.system``);
 - an ``import`` of a module that is not under a trusted prefix;
 - a binding or ``@reference`` whose name is not a registered configurable defined under a trusted prefix (gin's own
   ``gin.macro``, ``gin.constant`` and ``gin.singleton`` are allowed, so configs written by alfish load unchanged);
@@ -243,7 +243,7 @@ def _dynamically_registered(configurable: Any) -> bool:
     """True for a configurable an earlier parse registered with dynamic registration (it has an import source).
 
     Such an entry is no configurable that code chose to expose: its module path is the attribute chain it was
-    reached through (e.g. 'alfish.trainer.checkpoint.os' for os.system), so a restricted parse treats it as absent.
+    reached through (e.g. 'alfish.rundir.checkpoint.os' for os.system), so a restricted parse treats it as absent.
     """
     return configurable.import_source is not None
 

@@ -31,8 +31,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from alfish.rundir.checkpoint import Checkpointer
 from alfish.tools.cli import ToolError, report
-from alfish.trainer.checkpoint import Checkpointer
 
 STOPPED = 128 + 15  # train's exit status after SIGTERM
 TIMING = ("elapsed_s", "eval_s", "asynchronous")

@@ -102,7 +102,7 @@ def groups_from_args(run_specs: Sequence[str], paths: Sequence[str]) -> list[Gro
 # ------------------------------------------------------------------------------------------------ eval_log.jsonl ----
 def read_eval_log(root: str) -> list[dict]:
     """The records of ``root/eval_log.jsonl``, in file order (one JSON object a line, as
-    ``alfish.trainer.evaluator.write_evaluation`` writes them).
+    ``alfish.evaluate.evaluator.write_evaluation`` writes them).
 
     A last line without its newline (a write cut short when the run was killed) is left out; any other line that is
     not a JSON object is an error naming the file and line.

@@ -5,7 +5,7 @@
 
 PATH is a results directory (its checkpoints/ folder), a folder of ckpt-N directories (checkpoints/, or a
 checkpoints.damaged-<time>/ that a resume set aside) or one ckpt-N directory. Each checkpoint is verified as training
-and play verify it (alfish.trainer.checkpoint.Checkpointer: every file's size and sha256 against the manifest, then
+and play verify it (alfish.rundir.checkpoint.Checkpointer: every file's size and sha256 against the manifest, then
 the tensors loaded with torch.load(weights_only=True), memory-mapped; nothing from PATH is executed or written) and
 described: its iteration, env steps and world size; each tensor file's tensors (how many, their elements, dtypes and
 bytes, the largest; --tensors lists every one with its shape); the keys of meta.json; whether it holds a replay buffer
@@ -23,8 +23,8 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
+from alfish.rundir.checkpoint import MANIFEST, META, Checkpointer, CheckpointError, LoadedCheckpoint
 from alfish.tools.cli import ToolError, report
-from alfish.trainer.checkpoint import MANIFEST, META, Checkpointer, CheckpointError, LoadedCheckpoint
 
 LARGEST_SHOWN = 3  # tensors named per file without --tensors
 

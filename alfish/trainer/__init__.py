@@ -5,7 +5,7 @@ __all__ = ["Trainer", "build_trainer"]
 
 
 def __getattr__(name: str):
-    # The loop pulls in every component; import it lazily so `import alfish.trainer.checkpoint` stays light.
+    # The loop pulls in every component; import it lazily so `import alfish.rundir.checkpoint` stays light.
     if name == "Trainer":
         from alfish.trainer.trainer import Trainer
 

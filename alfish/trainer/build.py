@@ -28,6 +28,9 @@ from alfish.collect.no_collector import NoCollector
 from alfish.config.trainer_config import TrainerConfig
 from alfish.envs.batched_env import create_environment, environment_settings
 from alfish.envs.spec import EnvSpec
+from alfish.evaluate.async_evaluator import AsyncEvaluator, EvalSpec, gin_constants
+from alfish.evaluate.eval_video import EvalVideo, check_video_support
+from alfish.evaluate.evaluator import Evaluator, EvaluatorPart
 from alfish.learn.amp import AmpPolicy
 from alfish.learn.device import CPU, DevicePolicy
 from alfish.learn.diagnostics import Diagnostics
@@ -43,16 +46,14 @@ from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.samplers import UniformSampler
 from alfish.replay.storage import make_storage
 from alfish.replay.supervised_data import SupervisedData
+from alfish.rundir.checkpoint import Checkpointer, LoadedCheckpoint
+from alfish.rundir.disk import DiskWriteError, write_failure
+from alfish.rundir.run_record import resolve_snapshots, snapshot_texts, write_run_record
 from alfish.schedulers import as_scheduler
 from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
-from alfish.trainer.async_evaluator import AsyncEvaluator, EvalSpec, gin_constants
 from alfish.trainer.callbacks import CallbackList, TrainerCallback
-from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
-from alfish.trainer.disk import DiskWriteError, write_failure
-from alfish.trainer.eval_video import EvalVideo, check_video_support
-from alfish.trainer.evaluator import Evaluator, EvaluatorPart
-from alfish.trainer.lifecycle import BestCheckpoint, EvaluateAtStart, StopAtValue, TimedCheckpoints
+from alfish.trainer.lifecycle import BestCheckpoint, EvaluateAtStart, EvalVideoCallback, StopAtValue, TimedCheckpoints
 from alfish.trainer.offline_parts import (
     build_offline_collector,
     build_offline_replay,
@@ -66,7 +67,6 @@ from alfish.trainer.offline_parts import (
 from alfish.trainer.options import RunOptions
 from alfish.trainer.profiler import IterationProfiler, NullProfiler
 from alfish.trainer.resume import choose_resume_point
-from alfish.trainer.run_record import resolve_snapshots, snapshot_texts, write_run_record
 from alfish.trainer.summary import NullSummaries, Summaries
 from alfish.trainer.supervised_training import SupervisedTraining
 from alfish.trainer.trainer import Trainer
@@ -189,8 +189,8 @@ def build_callbacks(config: TrainerConfig, options: RunOptions, dist: DistContex
             if options.stop_value is not None:
                 callbacks.append(StopAtValue(options.stop_value))
             if options.eval_video_interval:
-                callbacks.append(EvalVideo(config.root_dir, options.eval_video_interval, options.eval_video_format,
-                                           seed + EVAL_SEED_OFFSET))
+                callbacks.append(EvalVideoCallback(EvalVideo(config.root_dir, options.eval_video_interval,
+                                                             options.eval_video_format, seed + EVAL_SEED_OFFSET)))
     return CallbackList(callbacks + list(options.callbacks))
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence
 
-from alfish.trainer.evaluator import Evaluation
+from alfish.evaluate.evaluator import Evaluation
 
 #: The ``alfish.trainer.trainer.Trainer`` a hook is given (not imported: the Trainer imports this module, and a part
 #: it holds must not import it back).

@@ -11,6 +11,8 @@
   last one (rank 0's clock; the ranks agree on the iteration).
 * ``EvaluateAtStart`` (``Trainer.evaluate_at_start``): an evaluation at iteration 0, before any training (a fresh
   run only).
+* ``EvalVideoCallback`` (``Trainer.eval_video_interval``): a video of one greedy episode every K evaluations
+  (``alfish.evaluate.eval_video.EvalVideo`` records it).
 """
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ from typing import TYPE_CHECKING, Optional
 
 import gin
 
+from alfish.evaluate.eval_video import EvalVideo
+from alfish.evaluate.evaluator import policy_snapshot
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError
 from alfish.trainer.callbacks import Evaluation, TrainerCallback
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError
-from alfish.trainer.evaluator import policy_snapshot
 
 if TYPE_CHECKING:
     from alfish.trainer.trainer import Trainer
@@ -124,3 +127,18 @@ class SimulatedPreemption(TrainerCallback):
     def after_iteration(self, trainer: "Trainer") -> None:
         if trainer.counters.iteration == self.iteration:
             os.kill(os.getpid(), signal.SIGTERM)
+
+
+class EvalVideoCallback(TrainerCallback):
+    """Hands each recorded evaluation to an ``EvalVideo``, which records every K-th one."""
+
+    needs_snapshots = True
+
+    def __init__(self, video: EvalVideo):
+        self.video = video
+
+    def after_evaluation(self, trainer: "Trainer", evaluation: Evaluation) -> None:
+        self.video.after_evaluation(trainer.algorithm, trainer.transformer, evaluation.iteration, evaluation.snapshot)
+
+    def close(self) -> None:
+        self.video.close()

@@ -27,7 +27,7 @@ class RunOptions:
     (SAC's update ~7% faster here); 0 leaves malloc's defaults.
     run_record: write ``ROOT_DIR/run_record/<start time>/`` at each start (rank 0): git commit and diff (or a copy
     of the package source), installed packages, the conf and the user modules it imports, the command line
-    (``alfish/trainer/run_record.py``).
+    (``alfish/rundir/run_record.py``).
 
     The evaluation and checkpoint lifecycle (trainer callbacks: ``alfish/trainer/lifecycle.py``, ``warm_start.py``,
     ``eval_video.py``):

@@ -37,11 +37,11 @@ from alfish.learn.distributed import DistContext, broadcast_object
 from alfish.learn.learner import Learner
 from alfish.replay.offline.steps import space_to_json
 from alfish.replay.replay_buffer import ReplayBuffer
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError, CheckpointWriteError, LoadedCheckpoint
+from alfish.rundir.disk import write_failure
+from alfish.rundir.rng import capture_rng_state, restore_rng_state
 from alfish.seeding import reseed, seed_everything
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError, CheckpointWriteError, LoadedCheckpoint
 from alfish.trainer.counters import Counters
-from alfish.trainer.disk import write_failure
-from alfish.trainer.rng import capture_rng_state, restore_rng_state
 from alfish.transforms.base import DataTransformer
 
 CHECKPOINT_LAYOUT = 2

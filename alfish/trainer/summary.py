@@ -22,7 +22,7 @@ from tensorboard.summary.writer import event_file_writer
 from torch.utils.tensorboard import SummaryWriter
 
 from alfish.collect.episode_stats import EpisodeStats
-from alfish.trainer.disk import DiskWriteError, write_failure
+from alfish.rundir.disk import DiskWriteError, write_failure
 
 #: A histogram's values, or ``(values, bins)`` (``bins`` as ``np.histogram`` takes them; default TensorBoard's).
 HistogramValues = Union[torch.Tensor, tuple[torch.Tensor, Any]]

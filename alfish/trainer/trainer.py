@@ -22,16 +22,16 @@ from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
 from alfish.config.trainer_config import TrainerConfig
 from alfish.errors import NonFiniteLossError
+from alfish.evaluate.evaluator import EvaluatorPart, recorded_iterations
 from alfish.learn.distributed import DistContext, any_rank, check_parameters_equal, explain_collective_timeout, shutdown
 from alfish.learn.learner import Learner
 from alfish.replay.replay_buffer import ReplayBuffer
+from alfish.rundir.checkpoint import Checkpointer, LoadedCheckpoint
+from alfish.rundir.disk import DiskWriteError, disk_error_in
 from alfish.schedulers import reset_progress, scheduler_summaries, update_progress
 from alfish.seeding import reseed
 from alfish.trainer.callbacks import CallbackList
-from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.trainer.counters import Counters, RunPlan
-from alfish.trainer.disk import DiskWriteError, disk_error_in
-from alfish.trainer.evaluator import EvaluatorPart, recorded_iterations
 from alfish.trainer.options import RunOptions
 from alfish.trainer.profiler import NullProfiler
 from alfish.trainer.progress import Progress

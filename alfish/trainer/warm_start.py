@@ -19,8 +19,8 @@ import re
 from typing import TYPE_CHECKING
 
 from alfish.collect.collector import example_experience
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
 from alfish.trainer.callbacks import TrainerCallback
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
 from alfish.trainer.resume import check_resumable
 
 if TYPE_CHECKING:

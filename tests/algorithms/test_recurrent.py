@@ -451,7 +451,7 @@ def test_recurrent_sac_refusals():
 
 
 def test_eval_uncertainty_leaves_out_critics_that_read_features():
-    from alfish.trainer.evaluator import has_critic_ensemble
+    from alfish.evaluate.evaluator import has_critic_ensemble
 
     assert has_critic_ensemble(SacAlgorithm(OBS, BOX, hidden_sizes=(8,)))
     assert not has_critic_ensemble(recurrent_sac())

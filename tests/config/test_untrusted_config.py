@@ -69,10 +69,10 @@ def refusal(text: str, allowed=('alfish',)) -> str:
 
 DYNAMIC_REGISTRATION_PAYLOAD = """\
 from __gin__ import dynamic_registration
-import alfish.trainer.checkpoint
+import alfish.rundir.checkpoint
 import alfish.config.trainer_config
-alfish.trainer.checkpoint.os.system.command = 'touch {marker}'
-alfish.config.trainer_config.TrainerConfig.random_seed = @alfish.trainer.checkpoint.os.system()
+alfish.rundir.checkpoint.os.system.command = 'touch {marker}'
+alfish.config.trainer_config.TrainerConfig.random_seed = @alfish.rundir.checkpoint.os.system()
 """
 
 
@@ -104,9 +104,9 @@ def test_dynamic_registration_payload_runs_a_shell_command_when_the_root_dir_is_
     assert marker.exists()
     # os.system is in gin's registry now, under alfish's module path; a restricted parse still refuses it.
     gin.clear_config()
-    assert gin_config._REGISTRY.get_match('alfish.trainer.checkpoint.os.system') is not None
-    assert refusal("alfish.trainer.checkpoint.os.system.command = 'touch x'\n") == (
-        f"{STORED}:1: 'alfish.trainer.checkpoint.os.system' {NOT_REGISTERED}")
+    assert gin_config._REGISTRY.get_match('alfish.rundir.checkpoint.os.system') is not None
+    assert refusal("alfish.rundir.checkpoint.os.system.command = 'touch x'\n") == (
+        f"{STORED}:1: 'alfish.rundir.checkpoint.os.system' {NOT_REGISTERED}")
 
 
 def test_gin_directives_are_refused_even_for_an_allowed_gin_prefix():
@@ -117,9 +117,9 @@ def test_gin_directives_are_refused_even_for_an_allowed_gin_prefix():
 @pytest.mark.parametrize('text, name', [
     ("TrainerConfig.algorithm_ctor = @alfish.envs.batched_env.os.system()\n", '@alfish.envs.batched_env.os.system'),
     ("TrainerConfig.algorithm_ctor = @os.system\n", '@os.system'),
-    ("alfish.trainer.checkpoint.os.system.command = 'touch x'\n", 'alfish.trainer.checkpoint.os.system'),
-    ("scope/alfish.trainer.checkpoint.os.system.command = 'touch x'\n", 'alfish.trainer.checkpoint.os.system'),
-    ("alfish.trainer.checkpoint.os.system:\n    command = 'touch x'\n", 'alfish.trainer.checkpoint.os.system'),
+    ("alfish.rundir.checkpoint.os.system.command = 'touch x'\n", 'alfish.rundir.checkpoint.os.system'),
+    ("scope/alfish.rundir.checkpoint.os.system.command = 'touch x'\n", 'alfish.rundir.checkpoint.os.system'),
+    ("alfish.rundir.checkpoint.os.system:\n    command = 'touch x'\n", 'alfish.rundir.checkpoint.os.system'),
     ("TrainerConfig.data_transformer_ctor = [@ObservationNormalizer, @os.system()]\n", '@os.system'),
     ("create_environment.env_kwargs = {'x': @scope/os.system()}\n", '@os.system'),
     ("RUN = @os.system()\n", '@os.system'),

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from alfish.trainer.checkpoint import Checkpointer
+from alfish.rundir.checkpoint import Checkpointer
 
 from .inprocess import OFF_POLICY_POINT_GOAL, REPO, eval_log, run_trainer_from_text, tb_scalars
 from .test_learning import SAC_POINT_GOAL

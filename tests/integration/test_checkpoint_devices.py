@@ -13,7 +13,7 @@ import torch.serialization as serialization
 
 from alfish.bin import play
 from alfish.config import TrainerConfig, load_conf
-from alfish.trainer.checkpoint import Checkpointer
+from alfish.rundir.checkpoint import Checkpointer
 
 from .test_learning import SAC_POINT_GOAL
 

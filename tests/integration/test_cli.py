@@ -13,7 +13,7 @@ import time
 import imageio.v2 as imageio
 import pytest
 
-from alfish.trainer.checkpoint import Checkpointer
+from alfish.rundir.checkpoint import Checkpointer
 from tests.shipped_confs import data_params, skip_unless_installed
 
 from .inprocess import CONFS, REPO, eval_log

@@ -27,7 +27,7 @@ from alfish.envs.spec import EnvSpec
 from alfish.export.formats import load_program
 from alfish.export.policy_module import ExportedPolicy
 from alfish.export.verify import ReferencePolicy, check_sampled
-from alfish.trainer.checkpoint import Checkpointer
+from alfish.rundir.checkpoint import Checkpointer
 
 from .inprocess import REPO, run_trainer_from_text
 from .test_collect import DQN_CHAIN, SAC_POINT_GOAL

@@ -13,7 +13,7 @@ import textwrap
 import pytest
 
 from alfish.bin import play
-from alfish.trainer.checkpoint import Checkpointer
+from alfish.rundir.checkpoint import Checkpointer
 
 from .inprocess import CONFS, REPO
 
@@ -166,9 +166,9 @@ def test_dynamic_registration_payload_is_refused(work):
     marker = work / "pwned"
     payload = textwrap.dedent(f"""\
         from __gin__ import dynamic_registration
-        import alfish.trainer.checkpoint
-        alfish.trainer.checkpoint.os.system.command = 'touch {marker}'
-        alfish.config.trainer_config.TrainerConfig.random_seed = @alfish.trainer.checkpoint.os.system()
+        import alfish.rundir.checkpoint
+        alfish.rundir.checkpoint.os.system.command = 'touch {marker}'
+        alfish.config.trainer_config.TrainerConfig.random_seed = @alfish.rundir.checkpoint.os.system()
         """)
     tamper(work, payload + stored_config(work))
     line = one_error_line(run_play(work, "--allow_import", ENV_MODULE))

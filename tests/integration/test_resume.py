@@ -7,7 +7,7 @@ import torch
 
 from alfish.config import TrainerConfig, load_conf
 from alfish.data.types import StepType
-from alfish.trainer.checkpoint import Checkpointer
+from alfish.rundir.checkpoint import Checkpointer
 
 from .test_learning import SAC_POINT_GOAL
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from alfish.trainer.checkpoint import Checkpointer
+from alfish.rundir.checkpoint import Checkpointer
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = REPO / "scripts"

@@ -8,8 +8,8 @@ import pytest
 from alfish.algorithms.a2c import A2cAlgorithm
 from alfish.algorithms.sac import SacAlgorithm
 from alfish.config import TrainerConfig
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError
 from alfish.trainer.build import build_trainer, check_combinations
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError
 from alfish.trainer.options import RunOptions
 from alfish.trainer.resume import check_resumable
 

@@ -6,7 +6,7 @@ import torch
 
 from alfish.errors import OneLineValueError
 from alfish.learn.distributed import DistContext, check_distinct_gpus, choose_backend, init_distributed
-from alfish.trainer.checkpoint import CheckpointError, LoadedCheckpoint
+from alfish.rundir.checkpoint import CheckpointError, LoadedCheckpoint
 from alfish.trainer.resume import CHECKPOINT_LAYOUT, check_resumable
 
 CUDA0 = torch.device("cuda", 0)

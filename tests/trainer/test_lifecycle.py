@@ -15,9 +15,9 @@ import torch
 
 from alfish.bin import evaluate, play
 from alfish.config import TrainerConfig, load_conf
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError
 from alfish.trainer.build import build_trainer
 from alfish.trainer.callbacks import TrainerCallback
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError
 from alfish.trainer.lifecycle import TimedCheckpoints, best_checkpointer
 from tests.integration.inprocess import CONFS, eval_log, tb_scalars
 

@@ -7,6 +7,7 @@ import gin
 import gymnasium as gym
 import pytest
 import torch
+from tests.trainer.test_checkpoint import _assert_nest_equal
 
 from alfish.algorithms.build import build_policy
 from alfish.collect.episode_stats import EpisodeStats
@@ -14,12 +15,11 @@ from alfish.config import TrainerConfig, load_conf
 from alfish.envs.spec import EnvSpec
 from alfish.learn.device import DevicePolicy
 from alfish.learn.learner import Learner
+from alfish.rundir.checkpoint import Checkpointer
 from alfish.schedulers import update_progress
 from alfish.trainer.build import build_replay_buffer, build_trainer
-from alfish.trainer.checkpoint import Checkpointer
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.resume import restore
-from tests.trainer.test_checkpoint import _assert_nest_equal
 
 COMMON = """
 TrainerConfig.random_seed = 3

@@ -37,7 +37,7 @@ from harness import (  # noqa: E402
     wait_for,
 )
 
-from alfish.trainer.checkpoint import Checkpointer  # noqa: E402
+from alfish.rundir.checkpoint import Checkpointer  # noqa: E402
 
 PLAY = [sys.executable, "-m", "alfish.bin.play"]
 
@@ -158,10 +158,10 @@ class _Payload:
 
 GIN_PAYLOADS = {
     "gin dynamic_registration -> os.system": (
-        "from __gin__ import dynamic_registration\nimport alfish.trainer.checkpoint\n"
-        "alfish.trainer.checkpoint.os.system.command = 'touch {marker}'\n"
-        "alfish.config.trainer_config.TrainerConfig.random_seed = @alfish.trainer.checkpoint.os.system()\n"),
-    "attribute chain to os.system": "alfish.trainer.checkpoint.os.system.command = 'touch {marker}'\n",
+        "from __gin__ import dynamic_registration\nimport alfish.rundir.checkpoint\n"
+        "alfish.rundir.checkpoint.os.system.command = 'touch {marker}'\n"
+        "alfish.config.trainer_config.TrainerConfig.random_seed = @alfish.rundir.checkpoint.os.system()\n"),
+    "attribute chain to os.system": "alfish.rundir.checkpoint.os.system.command = 'touch {marker}'\n",
     "module:EnvId": "create_environment.env_name = 'evil_marker_module:Evil-v0'\n",
 }
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from alfish.data.types import StepType
 from alfish.replay.offline.steps import Steps, space_from_json
-from alfish.trainer.checkpoint import Checkpointer, LoadedCheckpoint
+from alfish.rundir.checkpoint import Checkpointer, LoadedCheckpoint
 
 _CORE = ("step_type", "reward", "discount", "action")
 

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
-LOGGER = "alfish.trainer.checkpoint"
+LOGGER = "alfish.rundir.checkpoint"
 
 
 def _model_and_adam(seed=0):
@@ -281,7 +281,7 @@ def test_tensors_are_memory_mapped_from_the_checkpoint(tmp_path):
 
 
 def test_what_is_read_into_memory_is_bounded(tmp_path, monkeypatch):
-    from alfish.trainer import checkpoint as checkpoint_module
+    from alfish.rundir import checkpoint as checkpoint_module
 
     ck = Checkpointer(str(tmp_path / "ckpt"))
     path = pathlib.Path(_save_simple(ck, 1))
@@ -349,7 +349,7 @@ def test_max_to_keep(tmp_path):
 # a save killed by SIGKILL right before its final rename.
 CRASHING_SAVER = """
 import os, resource, signal, sys, torch
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError
 failing_root, killed_root = sys.argv[1], sys.argv[2]
 
 # 1. The file size limit (RLIMIT_FSIZE, honoured even for root) makes write() fail with EFBIG, as a full disk makes

@@ -2,7 +2,7 @@
 of parameters the trainer publishes, one at a time, with the same ``Evaluator`` as synchronous evaluation.
 
 Everything here runs in the child (started with ``spawn``); ``eval_child_main`` is its entry point. The trainer's
-side is ``alfish.trainer.async_evaluator``.
+side is ``alfish.evaluate.async_evaluator``.
 """
 from __future__ import annotations
 
@@ -110,8 +110,8 @@ def eval_child_main(spec: EvalSpec, shared: EvalShared, results: Any, errors: An
         import gin
 
         from alfish.algorithms.build import build_policy
+        from alfish.evaluate.evaluator import Evaluator
         from alfish.learn.device import DevicePolicy
-        from alfish.trainer.evaluator import Evaluator
 
         with gin.config_scope("eval"):
             env = spec.env_settings.create()

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError
-from alfish.trainer.rng import capture_rng_state, restore_rng_state
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError
+from alfish.rundir.rng import capture_rng_state, restore_rng_state
 
 
 def _draws():

@@ -25,9 +25,9 @@ import gin
 import pytest
 
 from alfish.bin import train as train_cli
-from alfish.trainer import checkpoint as checkpoint_module
-from alfish.trainer.checkpoint import Checkpointer
-from alfish.trainer.disk import DiskWriteError, check_root_dir, human_bytes, mount_point, write_failure
+from alfish.rundir import checkpoint as checkpoint_module
+from alfish.rundir.checkpoint import Checkpointer
+from alfish.rundir.disk import DiskWriteError, check_root_dir, human_bytes, mount_point, write_failure
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -321,7 +321,7 @@ def test_read_only_and_full_file_systems_at_start_up(tmp_path):
     """The start-up check on a read-only file system (EROFS) and on a full one (ENOSPC), for real."""
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    check = (f"{sys.executable} -c 'import sys; from alfish.trainer.disk import check_root_dir, DiskWriteError\n"
+    check = (f"{sys.executable} -c 'import sys; from alfish.rundir.disk import check_root_dir, DiskWriteError\n"
              "try: check_root_dir(sys.argv[1])\nexcept DiskWriteError as e: print(e)' ")
     env = dict(os.environ, PYTHONPATH=str(REPO))
     read_only = _in_tmpfs("size=64k,ro", mnt, check + f"{mnt}/run")

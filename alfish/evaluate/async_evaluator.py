@@ -47,8 +47,8 @@ from typing import Any, Optional
 from alfish.algorithms.base import Algorithm
 from alfish.collect.child_process import reap_child, without_rank_variables
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock
-from alfish.trainer.eval_child import EvalShared, EvalSpec, eval_child_main, eval_state, gin_constants
-from alfish.trainer.evaluator import EvalResult, Evaluation, policy_snapshot, write_evaluation
+from alfish.evaluate.eval_child import EvalShared, EvalSpec, eval_child_main, eval_state, gin_constants
+from alfish.evaluate.evaluator import EvalResult, Evaluation, policy_snapshot, write_evaluation
 from alfish.transforms.base import DataTransformer
 
 __all__ = ["AsyncEvalError", "AsyncEvaluator", "EvalSpec", "gin_constants"]

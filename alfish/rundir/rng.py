@@ -19,7 +19,7 @@ import random
 import numpy as np
 import torch
 
-from alfish.trainer.checkpoint import CheckpointError
+from alfish.rundir.checkpoint import CheckpointError
 
 __all__ = ["capture_rng_state", "restore_rng_state"]
 
@@ -84,7 +84,7 @@ def restore_rng_state(tensors: dict, meta: dict) -> None:
         n_saved = int(meta.get("torch_cuda_devices", 0))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise CheckpointError(f"the RNG state in the checkpoint is malformed ({type(e).__name__}: {e}); it was not "
-                              "written by alfish.trainer.rng.capture_rng_state") from e
+                              "written by alfish.rundir.rng.capture_rng_state") from e
 
     torch.set_rng_state(cpu.to(device="cpu", dtype=torch.uint8))
     np.random.set_state(np_state)

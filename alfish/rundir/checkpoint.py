@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import torch
 
-from alfish.trainer.disk import DiskWriteError, write_failure
+from alfish.rundir.disk import DiskWriteError, write_failure
 
 __all__ = ["CheckpointError", "CheckpointWriteError", "LoadedCheckpoint", "Checkpointer", "Scan"]
 

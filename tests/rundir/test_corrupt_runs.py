@@ -16,7 +16,7 @@ import re
 import pytest
 
 from alfish.learn.distributed import DistContext
-from alfish.trainer.checkpoint import Checkpointer, CheckpointError
+from alfish.rundir.checkpoint import Checkpointer, CheckpointError
 from alfish.trainer.resume import choose_resume_point
 
 from .test_disk_errors import assert_clean, cli, problem_lines  # noqa: F401  (cli: the fixture)

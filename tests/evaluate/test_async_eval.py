@@ -17,10 +17,10 @@ from alfish.bin.train import known_run_failures
 from alfish.config import TrainerConfig, load_conf
 from alfish.envs.batched_env import create_environment
 from alfish.envs.spec import EnvSpec
-from alfish.trainer.async_evaluator import AsyncEvalError, AsyncEvaluator
+from alfish.evaluate.async_evaluator import AsyncEvalError, AsyncEvaluator
+from alfish.evaluate.evaluator import Evaluator
 from alfish.trainer.build import build_evaluator, build_trainer
 from alfish.trainer.counters import Counters
-from alfish.trainer.evaluator import Evaluator
 from tests.integration.inprocess import OFF_POLICY_POINT_GOAL, eval_log, tb_scalars
 
 pytestmark = [pytest.mark.timeout(90)]

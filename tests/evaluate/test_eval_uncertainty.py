@@ -12,7 +12,7 @@ from alfish.algorithms.build import build_policy
 from alfish.config import TrainerConfig, load_conf
 from alfish.envs.batched_env import create_environment
 from alfish.envs.spec import EnvSpec
-from alfish.trainer.evaluator import Evaluator
+from alfish.evaluate.evaluator import Evaluator
 from tests.integration.inprocess import OFF_POLICY_POINT_GOAL, eval_log, run_trainer_from_text, tb_scalars
 
 pytestmark = [pytest.mark.timeout(90)]

@@ -1,7 +1,7 @@
 """Evaluation of the greedy (or epsilon-greedy) policy on separate environments, and how a result is recorded.
 
 ``Evaluator`` runs the episodes in this process (``TrainerConfig.async_eval=False``); ``AsyncEvaluator``
-(``alfish.trainer.async_evaluator``) runs the same ``Evaluator`` in a child process on a copy of the parameters. The
+(``alfish.evaluate.async_evaluator``) runs the same ``Evaluator`` in a child process on a copy of the parameters. The
 Trainer sees either through the same three calls (``EvaluatorPart``): ``record`` when an evaluation is due, ``wait``
 at the end of a run, ``close``. Both record a result the same way (``write_evaluation``): TensorBoard ``eval/...`` at
 the evaluated iteration, ``eval_vs_env_steps/average_return`` at its env steps, one line of ``eval_log.jsonl``.

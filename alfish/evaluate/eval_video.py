@@ -1,4 +1,5 @@
-"""Videos of evaluation episodes (``Trainer.eval_video_interval = K``: every K-th evaluation), as a callback.
+"""Videos of evaluation episodes (``Trainer.eval_video_interval = K``: every K-th evaluation; the trainer's
+``EvalVideoCallback`` in ``alfish/trainer/lifecycle.py`` calls ``EvalVideo``).
 
 Each video is one greedy episode of the evaluated policy (with ``async_eval``, the evaluated snapshot), written to
 ``ROOT_DIR/videos/eval-<evaluated iteration>.mp4`` (``Trainer.eval_video_format = 'gif'`` for a GIF) on rank 0. The
@@ -12,17 +13,14 @@ import copy
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional
 
 import gin
+from torch import nn
 
 from alfish.envs.batched_env import BatchedEnv, create_environment
-from alfish.trainer.callbacks import Evaluation, TrainerCallback
-from alfish.trainer.episodes import play_episodes, write_video
-from alfish.trainer.evaluator import policy_snapshot
-
-if TYPE_CHECKING:
-    from alfish.trainer.trainer import Trainer
+from alfish.evaluate.episodes import play_episodes, write_video
+from alfish.evaluate.evaluator import policy_snapshot
 
 VIDEO_FORMATS = ("mp4", "gif")
 RENDER_EXTRA = "pip install 'alfish[render]'"
@@ -43,10 +41,9 @@ def check_video_support(video_format: str) -> None:
                          f", which is not installed: {RENDER_EXTRA} (or Trainer.eval_video_format = 'gif')") from None
 
 
-class EvalVideo(TrainerCallback):
-    """Record one episode every ``interval`` evaluations (module docstring)."""
-
-    needs_snapshots = True
+class EvalVideo:
+    """Records one greedy episode every ``interval`` evaluations (module docstring); the trainer calls it from its
+    lifecycle callback (``alfish/trainer/lifecycle.py``) with each recorded evaluation."""
 
     def __init__(self, root_dir: str, interval: int, video_format: str = "mp4", seed: int = 0):
         check_video_support(video_format)
@@ -56,7 +53,10 @@ class EvalVideo(TrainerCallback):
         self.env: Optional[BatchedEnv] = None
         self.policy: Optional[tuple[Any, Any]] = None  # (transformer, algorithm) copies the episodes act with
 
-    def after_evaluation(self, trainer: "Trainer", evaluation: Evaluation) -> None:
+    def after_evaluation(self, algorithm: nn.Module, transformer: nn.Module, iteration: int,
+                         snapshot: Optional[dict[str, Any]]) -> None:
+        """One evaluation was recorded: ``iteration`` is the evaluated one, ``snapshot`` its parameters (``None``:
+        the current ones of ``algorithm`` and ``transformer``)."""
         self.count += 1
         if self.count % self.interval:
             return
@@ -65,16 +65,16 @@ class EvalVideo(TrainerCallback):
             with gin.config_scope("eval"):
                 self.env = create_environment(num_parallel_environments=1, seed=self.seed, vectorization="sync",
                                               render_mode="rgb_array")
-            self.policy = (copy.deepcopy(trainer.transformer).cpu(), copy.deepcopy(trainer.algorithm).cpu())
-        transformer, algorithm = self.policy
-        snapshot = evaluation.snapshot or policy_snapshot(trainer.algorithm, trainer.transformer)
-        transformer.load_state_dict(snapshot["transformers"])
-        algorithm.load_state_dict(snapshot["algorithm"])
-        transformer.eval(), algorithm.eval()
+            self.policy = (copy.deepcopy(transformer).cpu(), copy.deepcopy(algorithm).cpu())
+        own_transformer, own_algorithm = self.policy
+        snapshot = snapshot or policy_snapshot(algorithm, transformer)
+        own_transformer.load_state_dict(snapshot["transformers"])
+        own_algorithm.load_state_dict(snapshot["algorithm"])
+        own_transformer.eval(), own_algorithm.eval()
         time_step = self.env.reset(seed=self.seed + self.count)
         frames = [self.env.render()[0]]
-        returns = play_episodes(self.env, transformer, algorithm, time_step, 1, frames=frames)
-        path = os.path.join(self.directory, f"eval-{evaluation.iteration}.{self.video_format}")
+        returns = play_episodes(self.env, own_transformer, own_algorithm, time_step, 1, frames=frames)
+        path = os.path.join(self.directory, f"eval-{iteration}.{self.video_format}")
         write_video(path, frames, int(self.env._venv.metadata.get("render_fps") or 30))
         logging.info("evaluation video (return %.2f, %d frames, %.1f s): %s", returns[0], len(frames),
                      time.monotonic() - start, path)
