@@ -34,14 +34,16 @@ class DiskWriteError(Exception):
     permissions, not a directory); ``str()`` is one line naming the path, the reason and what to free or change."""
 
 
-def disk_error_in(exc: Optional[BaseException], errnos: frozenset[int] = DISK_FULL_ERRNOS) -> Optional[OSError]:
-    """The first OSError with an errno in ``errnos`` in ``exc``'s chain (``__cause__``/``__context__``), or None.
+def disk_error_in(exc: Optional[BaseException],
+                  errnos: Optional[frozenset[int]] = DISK_FULL_ERRNOS) -> Optional[OSError]:
+    """The first OSError with an errno in ``errnos`` (any OSError when ``errnos`` is None) in ``exc``'s chain
+    (``__cause__``/``__context__``), or None.
 
     Libraries wrap the OSError of a failed write (torch.save raises a RuntimeError from it, TensorBoard re-raises its
     writer thread's error), so the chain is searched rather than the exception's own type."""
     seen = set()
     while exc is not None and id(exc) not in seen:
-        if isinstance(exc, OSError) and exc.errno in errnos:
+        if isinstance(exc, OSError) and (errnos is None or exc.errno in errnos):
             return exc
         seen.add(id(exc))
         exc = exc.__cause__ or exc.__context__

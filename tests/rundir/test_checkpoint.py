@@ -281,7 +281,7 @@ def test_tensors_are_memory_mapped_from_the_checkpoint(tmp_path):
 
 
 def test_what_is_read_into_memory_is_bounded(tmp_path, monkeypatch):
-    from alfish.rundir import checkpoint as checkpoint_module
+    from alfish.rundir import checkpoint_format as checkpoint_module
 
     ck = Checkpointer(str(tmp_path / "ckpt"))
     path = pathlib.Path(_save_simple(ck, 1))
