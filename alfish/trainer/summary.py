@@ -23,6 +23,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.rundir.disk import DiskWriteError, write_failure
+from alfish.rundir.scalars_file import ScalarsFile
 
 #: A histogram's values, or ``(values, bins)`` (``bins`` as ``np.histogram`` takes them; default TensorBoard's).
 HistogramValues = Union[torch.Tensor, tuple[torch.Tensor, Any]]
@@ -62,9 +63,8 @@ class Summaries:
     ``interval_counts_global_step`` the interval counts it too: a summary is due after each iteration in which it
     reached a multiple of ``interval`` (and, with ``first_interval``, after every iteration that advanced it before
     the first ``interval``). Summaries are still written between iterations.
-    csv_path: also append every scalar to this CSV file (``Trainer.scalars_csv``): a header ``step,tag,value,
-    wall_time`` (wall_time in seconds since the epoch, as TensorBoard's), then one row per scalar, flushed with the
-    events; a resumed run appends to it.
+    csv_path: also append every scalar to this CSV file (``Trainer.scalars_csv``; its format is
+    ``alfish.rundir.scalars_file``'s): one row per scalar, flushed with the events; a resumed run appends to it.
     """
 
     def __init__(self, root_dir: str, interval: int, first_interval: bool, flush_secs: float, max_queue: int,
@@ -80,15 +80,7 @@ class Summaries:
         with self._disk_errors():
             self.writer = SummaryWriter(log_dir=self.log_dir, flush_secs=flush_secs, max_queue=max_queue)
         self.csv_path = csv_path
-        self._csv: Optional[Any] = None
-        if csv_path is not None:
-            try:
-                new = not os.path.exists(csv_path) or os.path.getsize(csv_path) == 0
-                self._csv = open(csv_path, "a", newline="")
-                if new:
-                    self._csv.write("step,tag,value,wall_time\n")
-            except OSError as e:
-                raise DiskWriteError(write_failure("the scalars CSV", csv_path, e)) from e
+        self._csv = ScalarsFile(csv_path) if csv_path is not None else None
 
     @contextlib.contextmanager
     def _disk_errors(self) -> Iterator[None]:
@@ -145,15 +137,7 @@ class Summaries:
             with self._disk_errors():
                 self.writer.add_scalar(tag, value, step)
             if self._csv is not None:
-                self._write_csv_row(tag, value, step)
-
-    def _write_csv_row(self, tag: str, value: float, step: int) -> None:
-        # (a tag is a TensorBoard name: letters, digits, '/', '_', '.', '-'; quoted anyway in case a user's has a comma)
-        quoted = f'"{tag}"' if "," in tag or '"' in tag else tag
-        try:
-            self._csv.write(f"{step},{quoted},{value!r},{time.time():.3f}\n")
-        except OSError as e:
-            raise DiskWriteError(write_failure("the scalars CSV", self.csv_path, e)) from e
+                self._csv.write_row(step, tag, value)
 
     def scalars(self, prefix: str, values: Mapping[str, float | torch.Tensor], step: int) -> None:
         for name, value in values.items():
@@ -169,10 +153,7 @@ class Summaries:
         with self._disk_errors():
             self.writer.flush()
         if self._csv is not None:
-            try:
-                self._csv.flush()
-            except OSError as e:
-                raise DiskWriteError(write_failure("the scalars CSV", self.csv_path, e)) from e
+            self._csv.flush()
 
     def close(self) -> None:
         """Flush and close, never raising: it runs on the way out of a run, also after a disk error, where a second
@@ -186,8 +167,7 @@ class Summaries:
                 writer.close()
         self.writer.file_writer = self.writer.all_writers = None
         if self._csv is not None:
-            with contextlib.suppress(OSError):
-                self._csv.close()
+            self._csv.close()
             self._csv = None
 
 
