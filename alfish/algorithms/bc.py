@@ -25,7 +25,13 @@ from torch import nn
 from alfish.algorithms.base import OffPolicyAlgorithm
 from alfish.algorithms.sac import LOG_STD_MAX, LOG_STD_MIN
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
-from alfish.networks.distributions import LOG_2, categorical_sample, gaussian_log_prob, tanh_gaussian_sample
+from alfish.networks.distributions import (
+    LOG_2,
+    categorical_sample,
+    gaussian_log_prob,
+    tanh_gaussian_sample,
+    uniform_where,
+)
 from alfish.schedulers import Scheduler
 
 #: Dataset actions on the unit box's edge (common: clipped torques) are pulled inside by this much before ``atanh``,
@@ -104,14 +110,6 @@ class BcAlgorithm(OffPolicyAlgorithm):
         mean, log_std = out.chunk(2, dim=-1)
         return mean, F.hardtanh(log_std, LOG_STD_MIN, LOG_STD_MAX)
 
-    def _random_where(self, action: torch.Tensor, probability: float) -> torch.Tensor:
-        """Discrete ``action`` [B], each entry replaced by a uniformly random action with ``probability``."""
-        if probability <= 0.0:
-            return action
-        random = torch.randint(self.num_actions, action.shape, device=action.device)
-        pick = torch.rand(action.shape, device=action.device) < probability
-        return torch.where(pick, random, action)
-
     def _act(self, obs: Any, greedy: bool) -> tuple[torch.Tensor, Any]:
         """Action ``[B]`` (int64, Discrete) or ``[B, action_dim]`` in the env's bounds (Box)."""
         out = self.actor(self.network_input(obs))
@@ -131,7 +129,7 @@ class BcAlgorithm(OffPolicyAlgorithm):
         if not self.discrete:
             return super().predict_step(time_step, state, epsilon_greedy)
         action, _ = self._act(time_step.observation, greedy=True)
-        return AlgStep(output=self._random_where(action, epsilon_greedy), state=state)
+        return AlgStep(output=uniform_where(action, self.num_actions, epsilon_greedy), state=state)
 
     # --------------------------------------------------------------------------------------------------- training --
     def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:

@@ -32,6 +32,7 @@ from alfish.algorithms.debug_stats import masked_stats
 from alfish.data import nest
 from alfish.data.state import is_empty
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
+from alfish.networks.distributions import uniform_where
 from alfish.networks.heads import EncodedHead, build_encoder
 from alfish.networks.mlp import polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
@@ -186,34 +187,27 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         return q, next_state, state
 
     # ----------------------------------------------------------------------------------------------------- acting --
-    def _random_where(self, action: torch.Tensor, probability: float) -> torch.Tensor:
-        """``action`` [B], with each entry replaced by a uniformly random action with ``probability``."""
-        if probability <= 0.0:
-            return action
-        random = torch.randint(self.num_actions, action.shape, device=action.device)
-        pick = torch.rand(action.shape, device=action.device) < probability
-        return torch.where(pick, random, action)
-
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         """Greedy action ``[B]`` (int64), or the epsilon-greedy exploration action when not ``greedy``."""
         action = self.q_net(self.network_input(obs)).argmax(-1)
-        return (action if greedy else self._random_where(action, self.epsilon())), EMPTY
+        return (action if greedy else uniform_where(action, self.num_actions, self.epsilon())), EMPTY
 
     def predict_step(self, time_step: TimeStep, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
         """Greedy; with probability ``epsilon_greedy`` per env a uniformly random action (not the exploration
         epsilon's action)."""
         if self.recurrent:
             q, state, _ = self._q_step(time_step, state)
-            return AlgStep(output=self._random_where(q.argmax(-1), epsilon_greedy), state=state)
+            return AlgStep(output=uniform_where(q.argmax(-1), self.num_actions, epsilon_greedy), state=state)
         action, _ = self._act(time_step.observation, greedy=True)
-        return AlgStep(output=self._random_where(action, epsilon_greedy), state=state)
+        return AlgStep(output=uniform_where(action, self.num_actions, epsilon_greedy), state=state)
 
     def rollout_step(self, time_step: TimeStep, state: Any = EMPTY) -> AlgStep:
         if not self.recurrent:
             return super().rollout_step(time_step, state)
         q, next_state, state = self._q_step(time_step, state)
         info = DqnRolloutInfo(state) if self.use_rollout_state else EMPTY
-        return AlgStep(output=self._random_where(q.argmax(-1), self.epsilon()), state=next_state, info=info)
+        action = uniform_where(q.argmax(-1), self.num_actions, self.epsilon())
+        return AlgStep(output=action, state=next_state, info=info)
 
     # --------------------------------------------------------------------------------------------------- training --
     def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:

@@ -67,3 +67,13 @@ def categorical_sample(logits: torch.Tensor) -> torch.Tensor:
     """One sample per row via the Gumbel-max trick (cheaper than torch.multinomial for small batches)."""
     gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(1e-20, 1.0)))
     return torch.argmax(logits + gumbel, dim=-1)
+
+
+def uniform_where(action: torch.Tensor, num_actions: int, probability: float) -> torch.Tensor:
+    """Discrete ``action`` (int64, any shape, e.g. ``[B]``), each entry replaced by a uniformly random action of
+    ``range(num_actions)`` with ``probability`` (epsilon-greedy exploration); ``action`` itself when it is <= 0."""
+    if probability <= 0.0:
+        return action
+    random = torch.randint(num_actions, action.shape, device=action.device)
+    pick = torch.rand(action.shape, device=action.device) < probability
+    return torch.where(pick, random, action)
