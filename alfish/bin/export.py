@@ -52,8 +52,9 @@ import torch
 from alfish.algorithms.base import Algorithm
 from alfish.bin.output_path import why_unwritable
 from alfish.bin.play import _one_line, _shortened, create_env, load_checkpoint, load_stored_config, restore_policy
+from alfish.bin.root_dir_args import add_allow_import, add_checkpoint_choice, add_root_dir, command_parser
 from alfish.config import ConfError
-from alfish.config.untrusted import TRUST_ALL, trusted_prefixes
+from alfish.config.untrusted import trusted_prefixes
 from alfish.envs.batched_env import BatchedEnv
 from alfish.envs.spec import EnvSpec
 from alfish.export.formats import FORMATS, SUFFIXES, check_format_packages, export_program, load_program
@@ -75,21 +76,15 @@ class ExportFailed(Exception):
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m alfish.bin.export", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root_dir", required=True, help="the results directory (RUN) to export from")
+    parser = command_parser("python -m alfish.bin.export", __doc__)
+    add_root_dir(parser, help_text="the results directory (RUN) to export from")
     # Checked in check_args rather than by argparse's choices/required, so a wrong value is one line, not usage.
     parser.add_argument("--format", default=None, help="pt2 (torch.export) or onnx")
     parser.add_argument("--out", default=None, help="the file to write, ending with .pt2 or .onnx "
                                                     "(default: RUN/export/policy-<step>.<format>)")
-    parser.add_argument("--checkpoint_step", type=int, default=None,
-                        help="iteration of the checkpoint (default: newest)")
-    parser.add_argument("--best", action="store_true", help="the best evaluated policy (RUN/checkpoints/best)")
+    add_checkpoint_choice(parser, best_help="the best evaluated policy (RUN/checkpoints/best)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the sampled observations and the rollout's env")
-    parser.add_argument("--allow_import", action="append", default=[], metavar="PREFIX",
-                        help="trust the modules under PREFIX (your own env/network package): the stored config may "
-                             "import them, use their configurables and name their 'module:EnvId' envs (repeatable); "
-                             f"'{TRUST_ALL}' trusts this root_dir completely, so its config may run any code")
+    add_allow_import(parser)
     return parser.parse_args(argv)
 
 

@@ -23,8 +23,9 @@ import gymnasium as gym
 
 from alfish.algorithms.base import Algorithm
 from alfish.algorithms.build import build_policy
+from alfish.bin.root_dir_args import add_allow_import, add_checkpoint_choice, add_root_dir, command_parser
 from alfish.config import ConfError, TrainerConfig, load_config_text
-from alfish.config.untrusted import TRUST_ALL, check_env_names, trusted_prefixes
+from alfish.config.untrusted import check_env_names, trusted_prefixes
 from alfish.data.types import TimeStep
 from alfish.envs.batched_env import BatchedEnv, environment_settings
 from alfish.envs.spec import EnvSpec
@@ -42,14 +43,10 @@ class PlayError(Exception):
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m alfish.bin.play", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root_dir", required=True)
-    parser.add_argument("--checkpoint_step", type=int, default=None,
-                        help="iteration of the checkpoint (default: newest)")
-    parser.add_argument("--best", action="store_true",
-                        help="the policy of the best evaluation (ROOT_DIR/checkpoints/best, kept by "
-                             "Trainer.keep_best_checkpoint)")
+    parser = command_parser("python -m alfish.bin.play", __doc__)
+    add_root_dir(parser)
+    add_checkpoint_choice(parser, best_help="the policy of the best evaluation (ROOT_DIR/checkpoints/best, kept by "
+                                            "Trainer.keep_best_checkpoint)")
     parser.add_argument("--num_episodes", type=int, default=1)
     parser.add_argument("--record_file", default=None, help="write a video: .mp4 (imageio-ffmpeg) or .gif")
     parser.add_argument("--epsilon_greedy", type=float, default=0.0,
@@ -57,10 +54,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--render", action="store_true", help="show the env in a window (needs a display)")
     parser.add_argument("--fps", type=int, default=None, help="video frame rate (default: the env's render_fps)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--allow_import", action="append", default=[], metavar="PREFIX",
-                        help="trust the modules under PREFIX (your own env/network package): the stored config may "
-                             "import them, use their configurables and name their 'module:EnvId' envs (repeatable); "
-                             f"'{TRUST_ALL}' trusts this root_dir completely, so its config may run any code")
+    add_allow_import(parser)
     return parser.parse_args(argv)
 
 

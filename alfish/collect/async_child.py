@@ -94,7 +94,7 @@ def _run(config: Any, env: Any, env_spec: Any, shared: SharedParams, block_name:
 def _parse_config(spec: UnrollSpec) -> Any:
     import gin
 
-    from alfish.config.loading import register_configurables
+    from alfish.config.registration import register_configurables
     from alfish.config.trainer_config import TrainerConfig
 
     register_configurables()

@@ -1,5 +1,7 @@
 """Configuration: the validated TrainerConfig, loading gin confs with strict errors, and the config record."""
-from alfish.config.loading import ConfError, load_conf, write_config_record
+from alfish.config.conf_error import ConfError
+from alfish.config.config_record import write_config_record
+from alfish.config.loading import load_conf
 from alfish.config.trainer_config import TrainerConfig
 from alfish.config.untrusted import load_config_text
 

@@ -2,7 +2,7 @@
 
 ALF users move their confs over unchanged: the parameter names and defaults are ALF's. Values are validated when the
 object is built, so a bad conf fails with one line naming the parameter before any environment starts: each value
-against its annotation and its range in ``alfish.config.value_checks.RULES`` (the same check that names the conf's
+against its annotation and its range in ``alfish.config.value_rules.RULES`` (the same check that names the conf's
 file and line when the conf is loaded), then the rules that relate several parameters, here. Every parameter is
 operative (``tests/config/test_every_field_read.py`` checks that each is read by the code that acts on it), except
 ``no_thread_env_for_conf``, accepted for ALF confs and documented as having no effect.
@@ -282,7 +282,7 @@ class TrainerConfig:
 
 
 def _parameters() -> dict[str, value_checks.Parameter]:
-    """Every TrainerConfig parameter with its annotation and its rules (value_checks.RULES)."""
+    """Every TrainerConfig parameter with its annotation and its rules (value_rules.RULES)."""
     return value_checks.parameters_of(TrainerConfig, 'TrainerConfig')
 
 
@@ -327,7 +327,7 @@ def _unsupported_problems(config: TrainerConfig) -> list[str]:
 
 
 def _required_problems(config: TrainerConfig) -> list[str]:
-    """Values a run cannot do without (the ranges of single parameters are in value_checks.RULES)."""
+    """Values a run cannot do without (the ranges of single parameters are in value_rules.RULES)."""
     c = config
     checks = [
         (not c.root_dir, "TrainerConfig.root_dir is empty; pass --root_dir to the train command"),

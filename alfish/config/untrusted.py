@@ -14,6 +14,12 @@ one-line `ConfError` naming the line and the flag that would trust it, when it h
 
 Trusted prefixes are ``alfish`` and those the user gives with ``--allow_import PREFIX``; ``--allow_import '*'``
 (`TRUST_ALL`) trusts the root_dir completely, and its config is then parsed as a conf the user wrote.
+
+Why this lives in ``alfish.config`` and not in ``alfish.rundir`` (which may import config): what it decides is which
+gin statements, imports, configurables and env ids a parse may reach, and it decides that inside gin's parsing (the
+parser's statements, the registry, the same error translation and "did you mean" as a conf the user wrote). It reads
+no file: it is given the text. Reading that text out of a root_dir (which checkpoint, bounded and symlink-safe reads)
+is the results directory's business and stays with ``alfish.rundir`` and the commands that read a root_dir.
 """
 from __future__ import annotations
 
@@ -28,8 +34,13 @@ import gin
 from gin import config as gin_config
 from gin import config_parser
 
-from alfish.config import loading
-from alfish.config.loading import ConfError
+from alfish.config.conf_error import ConfError
+from alfish.config.gin_errors import translate_gin_error
+from alfish.config.gin_names import UNKNOWN_HINT, configurable_candidates, suggest
+from alfish.config.loading import parse_sources
+from alfish.config.registration import register_configurables
+from alfish.config.sources import Source, conf_param_source
+from alfish.config.value_checks import nested_items
 
 # The --allow_import value that trusts a root_dir completely.
 TRUST_ALL = '*'
@@ -61,10 +72,10 @@ def load_config_text(text: str, source_name: str, allowed_import_prefixes: Seque
     """
     trusted = trusted_prefixes(allowed_import_prefixes)
     gin.clear_config()
-    loading.register_configurables()
-    source = loading._Source(name=source_name, text=text)
+    register_configurables()
+    source = Source(name=source_name, text=text)
     check_stored_config(source, trusted)
-    loading._parse_sources([source] + [loading._conf_param_source(param) for param in conf_params])
+    parse_sources([source] + [conf_param_source(param) for param in conf_params])
 
 
 def trusted_prefixes(allowed: Sequence[str]) -> tuple[str, ...]:
@@ -85,7 +96,7 @@ def module_trusted(module: str, trusted: Sequence[str]) -> bool:
     return TRUST_ALL in trusted or any(module == prefix or module.startswith(prefix + '.') for prefix in trusted)
 
 
-def check_stored_config(source: loading._Source, trusted: Sequence[str]) -> None:
+def check_stored_config(source: Source, trusted: Sequence[str]) -> None:
     """Refuses `source` (a stored config) unless every statement stays within what `trusted` allows.
 
     Modules a trusted ``import`` names are imported here, in statement order as gin would, so that the
@@ -174,14 +185,14 @@ class _RecordingDelegate(config_parser.ParserDelegate):
         return _MacroUse(macro_name)
 
 
-def _statements(source: loading._Source) -> list[Any]:
+def _statements(source: Source) -> list[Any]:
     """gin's statements of `source`, parsed without acting on any of them."""
     stream = io.StringIO(source.text)
     stream.name = source.name  # gin reports locations by the stream's name.
     try:
         return list(config_parser.ConfigParser(stream, _RecordingDelegate()))
     except (SyntaxError, tokenize.TokenError) as error:
-        raise loading._translate(error, source) from error
+        raise translate_gin_error(error, source) from error
 
 
 def _check_import(statement: config_parser.ImportStatement, where: str, trusted: Sequence[str]) -> None:
@@ -204,7 +215,7 @@ def _check_import(statement: config_parser.ImportStatement, where: str, trusted:
 
 def _check_references(value: Any, where: str, trusted: Sequence[str]) -> None:
     """Checks every ``@reference`` in `value` (a nest of containers) like a binding's configurable."""
-    for item in _walk(value):
+    for item in nested_items(value):
         if isinstance(item, _Reference):
             _check_configurable(item.name.rsplit('/', 1)[-1], where, trusted, reference=True)
 
@@ -222,7 +233,7 @@ def _check_configurable(name: str, where: str, trusted: Sequence[str], reference
                             f"the configurables of alfish and of modules trusted with --allow_import, never a "
                             f"function reached through a module's attributes; {_TRUST_ROOT_DIR}")
         raise ConfError(f"{where}: unknown configurable '{name}'"
-                        f"{loading._suggest(name, _trusted_candidates(name, trusted), loading._UNKNOWN_HINT)}")
+                        f"{suggest(name, _trusted_candidates(name, trusted), UNKNOWN_HINT)}")
     if len(matches) == 1 and not _configurable_trusted(matches[0], trusted):
         module = matches[0].module or getattr(matches[0].wrapped, '__module__', '?')
         raise ConfError(f"{where}: configurable '{written}' is defined in module '{module}', which a stored config "
@@ -250,24 +261,12 @@ def _dynamically_registered(configurable: Any) -> bool:
 
 def _trusted_candidates(name: str, trusted: Sequence[str]) -> list[str]:
     """The names a misspelled `name` may be suggested as: trusted configurables, written like `name`."""
-    return [candidate for candidate in loading._configurable_candidates(name)
+    return [candidate for candidate in configurable_candidates(name)
             if any(_configurable_trusted(match, trusted) for match in gin_config._REGISTRY.get_all_matches(candidate))]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Values
-
-
-def _walk(value: Any) -> Iterator[Any]:
-    """`value` and everything nested in it (list, tuple and dict items, dict keys included)."""
-    yield value
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _walk(item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _walk(key)
-            yield from _walk(item)
 
 
 def _resolve_macros(value: Any, macros: Mapping[str, Any], seen: set[str]) -> Any:
@@ -283,4 +282,4 @@ def _resolve_macros(value: Any, macros: Mapping[str, Any], seen: set[str]) -> An
 
 def _strings(value: Any) -> Iterator[str]:
     """Every string in `value` (a nest of containers)."""
-    return (item for item in _walk(value) if isinstance(item, str))
+    return (item for item in nested_items(value) if isinstance(item, str))

@@ -1,15 +1,10 @@
-"""Typed, ranged config values: each binding of an alfish configurable is checked before anything is built.
+"""Typed, ranged config values: whether a value fits its parameter's annotation and rules, and what it expects.
 
 A value is checked against its parameter's annotation (int, float, bool, str, ``Optional``, ``Literal``, sequences,
-tuples, dicts, schedules, classes) and against the rules of ``RULES``: the range of a number, the fixed set of a
-string. So ``SacAlgorithm.actor_lr = 'fast'`` or ``TrainerConfig.num_iterations = 3.5`` fails when the conf is loaded,
-with one line naming the binding, the value given and what is expected, instead of deep inside the first update.
-
-Ranges live in ``RULES`` here, one table for every configurable, rather than as ``Annotated[...]`` metadata on each
-signature: the whole set can be read (and reviewed) in one place, the signatures stay plain, and a parameter shared
-by all algorithms (``gamma``, ``hidden_sizes``) is declared once with a ``*.`` key. Sets of strings come from the
-tuples the code itself validates against (``VECTORIZATIONS``, ``ACTIVATIONS``, ...), read when first needed, so the
-table cannot drift from the code and importing this module imports none of those packages.
+tuples, dicts, schedules, classes) and against its rules (``alfish.config.value_rules.RULES``: the range of a
+number, the fixed set of a string). So ``SacAlgorithm.actor_lr = 'fast'`` or ``TrainerConfig.num_iterations = 3.5``
+fails when the conf is loaded, with one line naming the binding, the value given and what is expected, instead of
+deep inside the first update. Applying this to every binding of gin's config is ``alfish.config.binding_checks``'s.
 
 What is not checked: a reference that is called (``@name()``) to a function, whose result is known only after the
 call; values of configurables defined outside alfish (their annotations are not ours to enforce).
@@ -20,224 +15,15 @@ import collections.abc
 import dataclasses
 import difflib
 import functools
-import importlib
 import inspect
 import math
-import re
 import types
 import typing
 from typing import Any, Callable, Iterator, Optional, Sequence, Union
 
 from gin import config as gin_config
 
-# ---------------------------------------------------------------------------------------------------------------------
-# Rules
-
-
-@dataclasses.dataclass(frozen=True)
-class Range:
-    """Numbers from `low` to `high` (either may be None: unbounded); `*_open` excludes the bound itself.
-
-    Applies to every number in the value: a count, each size in ``hidden_sizes``, each of Adam's ``betas``.
-    `note` says what the number means, e.g. '0: no limit'.
-    """
-
-    low: Optional[float] = None
-    high: Optional[float] = None
-    low_open: bool = False
-    high_open: bool = False
-    note: str = ''
-
-    def contains(self, number: float) -> bool:
-        """True when `number` lies in the range."""
-        if self.low is not None and (number < self.low or (self.low_open and number == self.low)):
-            return False
-        return self.high is None or not (number > self.high or (self.high_open and number == self.high))
-
-    def text(self) -> str:
-        """'>= 1', '> 0', 'in (0, 1]', ... ('' for an unbounded range)."""
-        if self.low is not None and self.high is not None:
-            left, right = '(' if self.low_open else '[', ')' if self.high_open else ']'
-            return f"in {left}{_num(self.low)}, {_num(self.high)}{right}"
-        if self.low is not None:
-            return f"{'>' if self.low_open else '>='} {_num(self.low)}"
-        if self.high is not None:
-            return f"{'<' if self.high_open else '<='} {_num(self.high)}"
-        return ''
-
-
-@dataclasses.dataclass(frozen=True)
-class OneOf:
-    """Strings from a fixed set: `choices` itself, or 'module:NAME' of the tuple (or dict) the code checks against.
-
-    `pattern` (a regex) also admits strings the set cannot list, shown as `pattern_text` (e.g. 'cuda:N').
-    """
-
-    choices: Union[tuple[str, ...], str]
-    pattern: str = ''
-    pattern_text: str = ''
-
-    def values(self) -> tuple[str, ...]:
-        """The valid strings (imports the module named by 'module:NAME' when first asked)."""
-        if isinstance(self.choices, tuple):
-            return self.choices
-        return _named_choices(self.choices)
-
-    def contains(self, text: str) -> bool:
-        """True for one of the choices, or a string matching `pattern`."""
-        return text in self.values() or bool(self.pattern and re.fullmatch(self.pattern, text))
-
-    def text(self) -> str:
-        """"one of 'a', 'b'" (with `pattern_text` last), or just "'a'" for a single choice."""
-        shown = [repr(c) for c in self.values()] + ([repr(self.pattern_text)] if self.pattern_text else [])
-        return shown[0] if len(shown) == 1 else 'one of ' + ', '.join(shown)
-
-
-Rule = Union[Range, OneOf]
-
-# Common ranges.
-POSITIVE = Range(0, low_open=True)
-NON_NEGATIVE = Range(0)
-AT_LEAST_ONE = Range(1)
-PROBABILITY = Range(0, 1)
-DISCOUNT = Range(0, 1, low_open=True)
-
-# (Configurable name).(parameter) -> its rule(s). 'Name' is the configurable's registered name (as a conf writes it);
-# '*.param' applies to that parameter of every alfish configurable, unless 'Name.param' has its own entry. A tuple
-# holds one rule per kind of value (a Range for the numbers, a OneOf for the strings).
-RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
-    # TrainerConfig (its cross-field rules, e.g. unroll_length = 0 only with async_unroll, stay in trainer_config.py).
-    'TrainerConfig.num_iterations': Range(0, note='0: no limit from iterations'),
-    'TrainerConfig.num_env_steps': Range(0, note='0: no limit from env steps'),
-    'TrainerConfig.unroll_length': Range(0, note='env steps per env per iteration'),
-    'TrainerConfig.max_unroll_length': Range(0, note='0: no limit'),
-    'TrainerConfig.unroll_queue_size': AT_LEAST_ONE,
-    'TrainerConfig.unroll_step_interval': Range(0, note='seconds between env steps'),
-    'TrainerConfig.unroll_parameter_update_period': AT_LEAST_ONE,
-    'TrainerConfig.num_checkpoints': Range(0, note='0: no checkpoints'),
-    'TrainerConfig.num_evals': AT_LEAST_ONE,
-    'TrainerConfig.eval_interval': NON_NEGATIVE,  # >= 1 when evaluate=True (a cross-field rule)
-    'TrainerConfig.epsilon_greedy': PROBABILITY,
-    'TrainerConfig.num_eval_episodes': NON_NEGATIVE,  # >= 1 when evaluate=True
-    'TrainerConfig.num_eval_environments': NON_NEGATIVE,  # >= 1 when evaluate=True
-    'TrainerConfig.ddp_paras_check_interval': Range(0, note='iterations; 0: never'),
-    'TrainerConfig.num_summaries': AT_LEAST_ONE,
-    'TrainerConfig.summary_interval': Range(1, note='iterations'),
-    'TrainerConfig.summaries_flush_secs': Range(0, low_open=True, note='seconds'),
-    'TrainerConfig.summary_max_queue': AT_LEAST_ONE,
-    'TrainerConfig.metric_min_buffer_size': Range(1, note='episodes'),
-    'TrainerConfig.initial_collect_steps': Range(0, note='env steps before training'),
-    'TrainerConfig.num_updates_per_train_iter': AT_LEAST_ONE,
-    'TrainerConfig.mini_batch_length': AT_LEAST_ONE,
-    'TrainerConfig.mini_batch_size': AT_LEAST_ONE,
-    'TrainerConfig.replay_buffer_length': AT_LEAST_ONE,
-    'TrainerConfig.offline_buffer_length': Range(2, note='steps loaded from each offline source'),
-    'TrainerConfig.rl_train_after_update_steps': Range(0, note='iterations of offline training first'),
-    'TrainerConfig.rl_train_every_update_steps': AT_LEAST_ONE,
-    'TrainerConfig.priority_replay_alpha': NON_NEGATIVE,
-    'TrainerConfig.priority_replay_beta': NON_NEGATIVE,
-    'TrainerConfig.priority_replay_eps': NON_NEGATIVE,
-    # Algorithms and networks.
-    '*.gamma': DISCOUNT,
-    '*.lr': POSITIVE,
-    '*.actor_lr': POSITIVE,
-    '*.critic_lr': POSITIVE,
-    '*.alpha_lr': POSITIVE,
-    '*.value_lr': POSITIVE,
-    'IqlAlgorithm.expectile': Range(0, 1, low_open=True, high_open=True),
-    'IqlAlgorithm.weight_temp': NON_NEGATIVE,
-    'IqlAlgorithm.max_weight': POSITIVE,
-    'OfflineData.offline_fraction': PROBABILITY,
-    'OfflineData.in_memory_limit_mb': NON_NEGATIVE,
-    '*.hidden_sizes': AT_LEAST_ONE,
-    '*.activation': OneOf('alfish.networks.mlp:ACTIVATIONS'),
-    '*.target_update_tau': DISCOUNT,
-    '*.target_update_period': AT_LEAST_ONE,
-    '*.gae_lambda': PROBABILITY,
-    '*.value_loss_coef': NON_NEGATIVE,
-    '*.entropy_coef': NON_NEGATIVE,
-    '*.clip_range': POSITIVE,
-    '*.n_step': AT_LEAST_ONE,
-    '*.num_critics': AT_LEAST_ONE,
-    '*.epsilon_greedy': PROBABILITY,
-    '*.exploration_noise': NON_NEGATIVE,
-    '*.target_policy_noise': NON_NEGATIVE,
-    '*.target_noise_clip': NON_NEGATIVE,
-    '*.policy_delay': AT_LEAST_ONE,
-    '*.output_gain': POSITIVE,
-    '*.dropout': Range(0, 1, high_open=True, note='a probability'),
-    'EncodingNetwork.conv_layers': (AT_LEAST_ONE, OneOf('alfish.networks.encoding:CONV_PRESETS')),
-    'EncodingNetwork.fc_layers': AT_LEAST_ONE,
-    'EncodingNetwork.key_fc_layers': AT_LEAST_ONE,
-    'EncodingNetwork.rnn': OneOf('alfish.networks.encoding:RNN_KINDS'),
-    'EncodingNetwork.rnn_size': AT_LEAST_ONE,
-    'EncodingNetwork.memory_format': OneOf('alfish.networks.encoding:MEMORY_FORMATS'),
-    # Envs.
-    'create_environment.num_parallel_environments': AT_LEAST_ONE,
-    'create_environment.seed': NON_NEGATIVE,
-    'create_environment.vectorization': OneOf('alfish.envs.batched_env:VECTORIZATIONS'),
-    'create_environment.step_timeout_s': Range(0, low_open=True, note='seconds'),
-    # Learning: optimizer, devices, precision, distribution, run options.
-    'OptimizerConfig.betas': Range(0, 1, high_open=True),
-    'OptimizerConfig.eps': POSITIVE,
-    'OptimizerConfig.weight_decay': NON_NEGATIVE,
-    'OptimizerConfig.max_grad_norm': POSITIVE,
-    'OptimizerConfig.max_grad_value': POSITIVE,
-    'OptimizerConfig.name': OneOf('alfish.learn.optim:OPTIMIZERS'),
-    'OptimizerConfig.momentum': Range(0, 1, high_open=True),
-    'OptimizerConfig.dampening': PROBABILITY,
-    'OptimizerConfig.alpha': PROBABILITY,
-    'DevicePolicy.device': OneOf(('auto', 'cpu', 'cuda'), pattern=r'cuda:\d+', pattern_text='cuda:N'),
-    'DevicePolicy.rollout_device': OneOf(('auto', 'cpu', 'cuda'), pattern=r'cuda:\d+', pattern_text='cuda:N'),
-    'DevicePolicy.replay_storage': OneOf('alfish.learn.device:REPLAY_STORAGES'),
-    'AmpPolicy.dtype': OneOf('alfish.learn.amp:DTYPES'),
-    'AmpPolicy.max_consecutive_skips': AT_LEAST_ONE,
-    'init_distributed.backend': OneOf('alfish.learn.distributed:BACKENDS'),
-    'init_distributed.timeout_s': Range(0, low_open=True, note='seconds'),
-    'Learner.finite_check_interval': AT_LEAST_ONE,
-    'Trainer.num_threads': (AT_LEAST_ONE, OneOf(('auto',))),
-    'Trainer.progress_log_interval_s': Range(0, low_open=True, note='seconds'),
-    'Trainer.host_memory_cache_mb': Range(0, note='MB; 0: malloc defaults'),
-    # Schedules.
-    '*.progress_type': OneOf('alfish.schedulers.progress:PROGRESS_TYPES'),
-    'CyclicalScheduler.mode': OneOf('alfish.schedulers.schedules:CYCLE_MODES'),
-    'CyclicalScheduler.period': POSITIVE,
-    'ExponentialScheduler.decay_rate': POSITIVE,
-    'ExponentialScheduler.decay_time': POSITIVE,
-    # Data transformers.
-    'FrameStacker.stack_size': AT_LEAST_ONE,
-    'HindsightExperienceTransformer.her_proportion': PROBABILITY,
-    'sparse_goal_reward.tolerance': NON_NEGATIVE,
-    'ObservationNormalizer.update_mode': OneOf(('rollout', 'replay')),
-    'ObservationNormalizer.clip_value': POSITIVE,
-    'ObservationNormalizer.epsilon': POSITIVE,
-    'RewardNormalizer.clip_value': POSITIVE,
-    'RewardNormalizer.epsilon': POSITIVE,
-}
-
-# Configurables whose int parameters also take a whole float such as 1e6: ALF confs write TrainerConfig's step counts
-# that way, and TrainerConfig stores them as ints.
-WHOLE_FLOAT_INTS: frozenset[str] = frozenset({'TrainerConfig'})
-
-_MAX_VALUE_CHARS = 80
-_MAX_LISTED_OTHERS = 3
-
-
-def rules_for(name: str, param: str) -> tuple[Rule, ...]:
-    """The rules of parameter `param` of the configurable registered as `name` (its last selector component)."""
-    rules = RULES.get(f'{name}.{param}', RULES.get(f'*.{param}', ()))
-    return rules if isinstance(rules, tuple) else (rules,)
-
-
-@functools.lru_cache(maxsize=None)
-def _named_choices(spec: str) -> tuple[str, ...]:
-    """The strings of the tuple (or the keys of the dict) named 'module:NAME'."""
-    module, name = spec.split(':')
-    return tuple(getattr(importlib.import_module(module), name))
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Checking one value
+from alfish.config.value_rules import WHOLE_FLOAT_INTS, OneOf, Range, Rule, rules_for
 
 
 @dataclasses.dataclass(frozen=True)
@@ -257,7 +43,7 @@ class ValueProblem:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Instance:
+class Instance:
     """What a called reference to a class (``@Name()``) gives: an instance of `cls`, known before the call."""
 
     cls: type
@@ -267,7 +53,7 @@ class _Unknown:
     """A value that cannot be known before it is built (a called reference to a function, a gin constant)."""
 
 
-_UNKNOWN = _Unknown()
+UNKNOWN = _Unknown()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,7 +82,7 @@ class Parameter:
             close = difflib.get_close_matches(value.lower(), [c.lower() for c in choices], n=1, cutoff=0.6)
             if close:
                 return f"; did you mean '{next(c for c in choices if c.lower() == close[0])}'?"
-        if inspect.isclass(value) and checker.accepts(_Instance(value), self.annotation):
+        if inspect.isclass(value) and checker.accepts(Instance(value), self.annotation):
             return f'; @{value.__name__} is the class itself: write @{value.__name__}() to make one'
         return ''
 
@@ -354,25 +140,38 @@ def _type_hints(fn: Callable[..., Any]) -> dict[str, Any]:
 
 def resolve(value: Any, config: dict, seen: frozenset[str] = frozenset()) -> Any:
     """`value` as bound in gin's `config`, with macros replaced by their values and references by what they give:
-    an uncalled ``@Name`` gives the configurable itself, a called ``@Name()`` of a class an `_Instance`, anything
-    whose result is known only when built `_UNKNOWN`."""
+    an uncalled ``@Name`` gives the configurable itself, a called ``@Name()`` of a class an `Instance`, anything
+    whose result is known only when built `UNKNOWN`."""
     if isinstance(value, gin_config.ConfigurableReference):
         wrapped = value.configurable.wrapped
         if wrapped is gin_config.macro and value.evaluate:
             name = '/'.join(value.scopes)
             bound = config.get((name, value.configurable.selector), {})
             if name in seen or 'value' not in bound:
-                return _UNKNOWN  # a cycle or an undefined macro: reported elsewhere (gin, _check_macros_defined)
+                return UNKNOWN  # a cycle or an undefined macro: reported elsewhere (gin, loading's macro check)
             return resolve(bound['value'], config, seen | {name})
         if not value.evaluate:
             return wrapped
-        return _Instance(wrapped) if inspect.isclass(wrapped) else _UNKNOWN
+        return Instance(wrapped) if inspect.isclass(wrapped) else UNKNOWN
     if isinstance(value, (list, tuple)):
         items = [resolve(v, config, seen) for v in value]
         return type(value)(items) if type(value) in (list, tuple) else items
     if isinstance(value, dict):
         return {resolve(k, config, seen): resolve(v, config, seen) for k, v in value.items()}
     return value
+
+
+def nested_items(value: Any) -> Iterator[Any]:
+    """`value` and everything nested in it (list, tuple and dict items, dict keys included), depth first: a bound
+    value as gin parsed it, or as a restricted parse records it (``alfish.config.untrusted``)."""
+    yield value
+    if isinstance(value, (list, tuple)):
+        for item in value:
+            yield from nested_items(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from nested_items(key)
+            yield from nested_items(item)
 
 
 class _Checker:
@@ -384,7 +183,7 @@ class _Checker:
         self.whole_floats = whole_floats
 
     def accepts(self, value: Any, annotation: Any, ignore_rules: bool = False) -> bool:
-        if value is _UNKNOWN or annotation in (Any, object, inspect.Parameter.empty):
+        if value is UNKNOWN or annotation in (Any, object, inspect.Parameter.empty):
             return True
         origin, args = typing.get_origin(annotation), typing.get_args(annotation)
         if origin in (Union, types.UnionType):
@@ -392,8 +191,8 @@ class _Checker:
         if annotation in (None, type(None)):
             return value is None
         if origin is typing.Literal:
-            return not isinstance(value, _Instance) and value in args
-        if isinstance(value, _Instance):
+            return not isinstance(value, Instance) and value in args
+        if isinstance(value, Instance):
             return self._instance_accepts(value.cls, annotation, origin)
         if annotation is bool:
             return isinstance(value, bool)
@@ -535,115 +334,3 @@ def _short_name(annotation: Any) -> str:
 
 def _join_or(parts: Sequence[str]) -> str:
     return parts[0] if len(parts) == 1 else ', '.join(parts[:-1]) + ' or ' + parts[-1]
-
-
-def _num(number: float) -> str:
-    return f'{number:g}'
-
-
-# ---------------------------------------------------------------------------------------------------------------------
-# Checking gin's bindings
-
-
-@dataclasses.dataclass(frozen=True)
-class BindingProblem:
-    """A bound value that does not fit: the binding (scope, selector, param), its message, and the macro (if the value
-    is one, ``%name``) whose definition holds the bad value."""
-
-    scope: str
-    selector: str
-    param: str
-    message: str
-    macro: Optional[str]
-
-
-def binding_problems() -> list[BindingProblem]:
-    """Every binding of an alfish configurable in gin's current config whose value does not fit its parameter."""
-    config = gin_config._CONFIG
-    problems = []
-    for (scope, selector), params in list(config.items()):
-        configurable = gin_config._REGISTRY.get(selector)
-        if configurable is None or not _is_alfish(configurable.wrapped):
-            continue
-        owner = selector.split('.')[-1]
-        parameters = parameters_of(configurable.wrapped, owner)
-        for param, raw in params.items():
-            parameter = parameters.get(param)
-            if parameter is None:
-                continue
-            problem = parameter.problem(resolve(raw, config))
-            if problem is not None:
-                binding = _binding_name(scope, selector, param)
-                problems.append(BindingProblem(scope, selector, param,
-                                               problem.message(binding, _value_text(raw, config)), _macro_name(raw)))
-    return problems
-
-
-def _is_alfish(wrapped: Any) -> bool:
-    module = getattr(wrapped, '__module__', '') or ''
-    return module == 'alfish' or module.startswith('alfish.')
-
-
-def _binding_name(scope: str, selector: str, param: str) -> str:
-    """How a conf writes the binding: 'scope/Name.param'."""
-    name = gin_config._REGISTRY.minimal_selector(selector)
-    return f'{scope}/{name}.{param}' if scope else f'{name}.{param}'
-
-
-def _macro_name(raw: Any) -> Optional[str]:
-    if isinstance(raw, gin_config.ConfigurableReference) and raw.configurable.wrapped is gin_config.macro:
-        return '/'.join(raw.scopes)
-    return None
-
-
-def _value_text(raw: Any, config: dict) -> str:
-    """The value as the conf wrote it (gin's repr keeps '@Name()' and '%macro'), plus what a macro stands for."""
-    text = _shorten(repr(raw))
-    if _contains_macro(raw):
-        text += f' = {_shorten(_plain_repr(resolve(raw, config)))}'
-    return text
-
-
-def _contains_macro(raw: Any) -> bool:
-    return any(_macro_name(item) is not None for item in _walk(raw))
-
-
-def _walk(value: Any) -> Iterator[Any]:
-    yield value
-    if isinstance(value, (list, tuple)):
-        for item in value:
-            yield from _walk(item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _walk(key)
-            yield from _walk(item)
-
-
-def _plain_repr(value: Any) -> str:
-    """repr of a resolved value, with references written back as '@Name' / '@Name()'."""
-    if isinstance(value, _Instance):
-        return f'@{value.cls.__name__}()'
-    if value is _UNKNOWN:
-        return '<built when used>'
-    if inspect.isclass(value) or inspect.isfunction(value):
-        return f'@{value.__name__}'
-    if isinstance(value, (list, tuple)):
-        inner = ', '.join(_plain_repr(v) for v in value)
-        return f'[{inner}]' if isinstance(value, list) else f'({inner}{"," if len(value) == 1 else ""})'
-    return repr(value)
-
-
-def _shorten(text: str) -> str:
-    text = ' '.join(text.split())
-    return text if len(text) <= _MAX_VALUE_CHARS else text[:_MAX_VALUE_CHARS - 3] + '...'
-
-
-def first_problem_summary(problems: Sequence[tuple[str, str]]) -> str:
-    """'<where>: <message>' of the first (where, message) pair, plus where the others are, on one line."""
-    (where, message), others = problems[0], problems[1:]
-    text = f'{where}: {message}'
-    if others:
-        listed = ', '.join(w for w, _ in others[:_MAX_LISTED_OTHERS])
-        more = ', ...' if len(others) > _MAX_LISTED_OTHERS else ''
-        text += f' (and {len(others)} more bad value{"s" if len(others) > 1 else ""}: {listed}{more})'
-    return text

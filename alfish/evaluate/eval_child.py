@@ -203,7 +203,7 @@ def _parse_config(spec: EvalSpec) -> Any:
     import gin
     from gin import config as gin_config
 
-    from alfish.config.loading import register_configurables
+    from alfish.config.registration import register_configurables
     from alfish.config.trainer_config import TrainerConfig
 
     register_configurables()

@@ -8,7 +8,7 @@ import gin
 import pytest
 from gin import config as gin_config
 
-from alfish.config import ConfError, load_conf, load_config_text, loading, write_config_record
+from alfish.config import ConfError, load_conf, load_config_text, registration, write_config_record
 
 
 # Configurables for these tests. Names start with "CfgTest"/"cfgtest_" so they cannot collide with (and become
@@ -48,7 +48,7 @@ def _cfgtest_twin_b(x=1):
 def isolated(tmp_path, monkeypatch):
     """Runs each test in an empty cwd with a clean gin config, registering only this module's configurables."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(loading, 'CONFIGURABLE_PACKAGES', ())
+    monkeypatch.setattr(registration, 'CONFIGURABLE_PACKAGES', ())
     gin.clear_config()
     yield
     gin.clear_config()
@@ -345,7 +345,7 @@ def test_register_configurables_imports_all_submodules_and_skips_missing_package
             return a
     """)
     monkeypatch.syspath_prepend(str(tmp_path / 'pkgs'))
-    found = loading.register_configurables(['cfgtest_pkg_ok', 'cfgtest_pkg_missing', 'cfgtest_pkg_ok.missing'])
+    found = registration.register_configurables(['cfgtest_pkg_ok', 'cfgtest_pkg_missing', 'cfgtest_pkg_ok.missing'])
     assert found == ['cfgtest_pkg_ok']
     assert 'cfgtest_pkg_ok.sub.deep.cfgtest_deep_fn' in gin_config._REGISTRY
 
@@ -355,7 +355,7 @@ def test_register_configurables_propagates_real_import_errors(tmp_path, monkeypa
     write('pkgs/cfgtest_pkg_broken/mod.py', "import cfgtest_dependency_that_is_missing\n")
     monkeypatch.syspath_prepend(str(tmp_path / 'pkgs'))
     with pytest.raises(ModuleNotFoundError, match='cfgtest_dependency_that_is_missing'):
-        loading.register_configurables(['cfgtest_pkg_broken'])
+        registration.register_configurables(['cfgtest_pkg_broken'])
 
 
 def test_load_conf_registers_configurable_packages(tmp_path, monkeypatch):
@@ -367,7 +367,7 @@ def test_load_conf_registers_configurable_packages(tmp_path, monkeypatch):
             return lr
     """)
     monkeypatch.syspath_prepend(str(tmp_path / 'pkgs'))
-    monkeypatch.setattr(loading, 'CONFIGURABLE_PACKAGES', ('cfgtest_pkg_conf',))
+    monkeypatch.setattr(registration, 'CONFIGURABLE_PACKAGES', ('cfgtest_pkg_conf',))
     load_conf(None, ['cfgtest_pkg_algorithm.lr = 3'])
     assert sys.modules['cfgtest_pkg_conf.algo'].cfgtest_pkg_algorithm() == 3
 
@@ -456,7 +456,7 @@ def test_write_config_record_lists_unused_bindings(tmp_path, caplog):
     with gin.config_scope('train'):
         CfgTestAlgorithm()
     cfgtest_network(hidden=(4,))
-    with caplog.at_level(logging.WARNING, logger='alfish.config.loading'):
+    with caplog.at_level(logging.WARNING, logger='alfish.config.config_record'):
         unused = write_config_record(str(tmp_path / 'run'))
     assert unused == [
         'CfgTestAlgorithm.gamma = 0.75',

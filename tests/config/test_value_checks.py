@@ -13,7 +13,15 @@ import gymnasium
 import pytest
 from gin import config as gin_config
 
-from alfish.config import ConfError, load_conf, load_config_text, loading, value_checks
+from alfish.config import (
+    ConfError,
+    binding_checks,
+    load_conf,
+    load_config_text,
+    registration,
+    value_checks,
+    value_rules,
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 CONFS = sorted((REPO / 'confs').glob('*.gin'))
@@ -110,7 +118,7 @@ def test_bad_value_is_one_line_naming_file_line_binding_and_expectation(binding,
 
 
 def test_whole_table_in_under_5_s_and_before_any_env_is_created(monkeypatch):
-    loading.register_configurables()  # the one-time import of alfish (torch included) is not part of the check
+    registration.register_configurables()  # the one-time import of alfish (torch included) is not part of the check
     made = []
     monkeypatch.setattr(gymnasium, 'make', lambda *args, **kwargs: made.append(args))
     start = time.perf_counter()
@@ -126,13 +134,13 @@ def test_whole_table_in_under_5_s_and_before_any_env_is_created(monkeypatch):
 def test_every_shipped_conf_loads_without_a_false_positive(conf, monkeypatch):
     monkeypatch.chdir(REPO)  # as the train command is run
     load_conf(str(conf.relative_to(REPO)))
-    assert value_checks.binding_problems() == []
+    assert binding_checks.binding_problems() == []
     assert gin_config._CONFIG  # the conf did bind values, so there was something to check
 
 
 def test_every_default_fits_its_own_annotation_and_rules():
     # An operative config records the defaults a run used; reloading it (play, resume) must not be refused.
-    loading.register_configurables()
+    registration.register_configurables()
     checked = 0
     for selector, configurable in gin_config._REGISTRY.items():
         if not selector.startswith('alfish.'):
@@ -146,15 +154,15 @@ def test_every_default_fits_its_own_annotation_and_rules():
 
 
 def test_every_rule_names_a_real_parameter():
-    loading.register_configurables()
+    registration.register_configurables()
     parameters = {(selector.split('.')[-1], name)
                   for selector, configurable in gin_config._REGISTRY.items() if selector.startswith('alfish.')
                   for name in value_checks.parameters_of(configurable.wrapped, selector.split('.')[-1])}
-    for key in value_checks.RULES:
+    for key in value_rules.RULES:
         owner, name = key.split('.')
         assert (any(n == name for _, n in parameters) if owner == '*' else (owner, name) in parameters), key
-    for rule in value_checks.RULES.values():
-        for one_of in (r for r in (rule if isinstance(rule, tuple) else (rule,)) if isinstance(r, value_checks.OneOf)):
+    for rule in value_rules.RULES.values():
+        for one_of in (r for r in (rule if isinstance(rule, tuple) else (rule,)) if isinstance(r, value_rules.OneOf)):
             assert one_of.values()  # a 'module:NAME' that resolves to the strings the code checks against
 
 
