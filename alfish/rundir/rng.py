@@ -19,7 +19,7 @@ import random
 import numpy as np
 import torch
 
-from alfish.rundir.checkpoint import CheckpointError
+from alfish.rundir.checkpoint_format import CheckpointError
 
 __all__ = ["capture_rng_state", "restore_rng_state"]
 
