@@ -59,6 +59,7 @@ from alfish.config import ConfError, TrainerConfig, load_config_text
 from alfish.config.untrusted import MAX_STORED_CONFIG_BYTES, TRUST_ALL, check_env_names, trusted_prefixes
 from alfish.data.types import StepType, TimeStep
 from alfish.envs.batched_env import BatchedEnv, environment_settings
+from alfish.evaluate.acting import GreedyPolicy
 from alfish.replay.offline.steps import Steps, check_steps
 from alfish.rundir.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
 
@@ -196,22 +197,10 @@ Policy = Callable[[TimeStep], torch.Tensor]
 
 
 def trained_policy(args: argparse.Namespace, env: BatchedEnv, ckpt: LoadedCheckpoint) -> Policy:
-    """The checkpoint's algorithm acting through its transformers' rollout view (statistics frozen), as evaluation
-    does."""
+    """The checkpoint's algorithm acting as evaluation and play act (``GreedyPolicy``: through its transformers'
+    rollout view, statistics frozen, with ``--epsilon_greedy``; a recurrent state per env, reset at each FIRST step)."""
     transformer, algorithm = restore_policy(TrainerConfig(root_dir=args.root_dir), env, ckpt)
-    view = transformer.rollout_view(update_stats=False)
-    # a recurrent policy's state, one per env, reset at each episode's FIRST step (EMPTY for a stateless policy)
-    state = algorithm.initial_state(env.num_envs, next(iter(algorithm.parameters())).device)
-
-    def act(time_step: TimeStep) -> torch.Tensor:
-        nonlocal state
-        seen = view(time_step)
-        alg_step = algorithm.predict_step(seen, algorithm.reset_state(state, seen.step_type),
-                                          epsilon_greedy=args.epsilon_greedy)
-        state = alg_step.state
-        return alg_step.output
-
-    return act
+    return GreedyPolicy.frozen(transformer, algorithm, args.epsilon_greedy)
 
 
 def rollout(env: BatchedEnv, policy: Policy, num_steps: int, seed: int) -> tuple[Steps, np.ndarray]:

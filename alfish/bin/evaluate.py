@@ -33,7 +33,7 @@ from alfish.bin.play import _one_line, load_checkpoint, load_stored_config, rest
 from alfish.config import ConfError, TrainerConfig
 from alfish.config.untrusted import TRUST_ALL, check_env_names, trusted_prefixes
 from alfish.envs.batched_env import BatchedEnv, create_environment, environment_settings
-from alfish.evaluate.evaluator import Evaluator, write_evaluation
+from alfish.evaluate.evaluator import Evaluator, RecordedAt, write_evaluation
 from alfish.rundir.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
 from alfish.seeding import EVAL_SEED_OFFSET
 from alfish.trainer.summary import Summaries
@@ -126,7 +126,8 @@ def evaluate(args: argparse.Namespace) -> list[float]:
             evaluator.num_evaluations = evaluation_index(config, ckpt, iteration)
             start = time.monotonic()
             result = evaluator.evaluate(algorithm)
-            write_evaluation(result, summaries, out_dir, iteration, env_steps, float(ckpt.meta.get("elapsed_s", 0)),
+            write_evaluation(result, summaries, out_dir,
+                             RecordedAt(iteration, env_steps, float(ckpt.meta.get("elapsed_s", 0))),
                              time.monotonic() - start)
             print(f"{ckpt.path}: average return {result.average_return:.3f} over {result.num_episodes} episodes",
                   flush=True)

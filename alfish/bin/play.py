@@ -30,6 +30,7 @@ from alfish.data.types import TimeStep
 from alfish.envs.batched_env import BatchedEnv, environment_settings
 from alfish.envs.spec import EnvSpec
 from alfish.evaluate import episodes
+from alfish.evaluate.acting import GreedyPolicy
 from alfish.rundir.checkpoint import META, Checkpointer, CheckpointError, LoadedCheckpoint
 from alfish.trainer.lifecycle import BEST_DIR
 from alfish.transforms.base import SequentialDataTransformer
@@ -185,8 +186,9 @@ def play_episodes(args: argparse.Namespace, env: BatchedEnv, transformer: Sequen
     def report(index: int, episode_return: float, length: int) -> None:
         print(f"episode {index}: return {episode_return:.2f} length {length}", flush=True)
 
-    return episodes.play_episodes(env, transformer, algorithm, time_step, args.num_episodes, args.epsilon_greedy,
-                                  frames if args.record_file else None, report)
+    policy = GreedyPolicy.frozen(transformer, algorithm, args.epsilon_greedy)
+    return episodes.play_episodes(env, policy, time_step, args.num_episodes, frames if args.record_file else None,
+                                  report)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -146,13 +146,13 @@ def record_error_for_torchrun(message: str) -> None:
 def known_run_failures() -> tuple[type[BaseException], ...]:
     """The errors alfish raises after diagnosing a failure during training; reported as their message alone (an env
     worker's message carries the worker's own traceback)."""
-    from alfish.collect.shared_params import AsyncUnrollError
+    from alfish.collect.child_process import ChildProcessFailed
     from alfish.envs.contract import EnvContractError
     from alfish.envs.workers import EnvWorkerError
     from alfish.errors import NonFiniteLossError
     from alfish.learn.distributed import RankStoppedError
 
-    return NonFiniteLossError, AsyncUnrollError, EnvWorkerError, EnvContractError, RankStoppedError
+    return NonFiniteLossError, ChildProcessFailed, EnvWorkerError, EnvContractError, RankStoppedError
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -6,16 +6,14 @@ Everything here runs in the child (started with ``spawn``); ``child_main`` is it
 from __future__ import annotations
 
 import dataclasses
-import os
 import queue
-import signal
 import time
 import traceback
 from typing import Any, Callable, Optional
 
 import torch
 
-from alfish.collect.child_process import finish_child
+from alfish.collect.child_process import ChildChannels, finish_child, gin_constants, start_child
 from alfish.collect.shared_params import POLL_S, ParamBlock, SharedParams, rollout_state
 from alfish.data import nest
 from alfish.envs.batched_env import EnvSettings
@@ -24,45 +22,56 @@ from alfish.envs.batched_env import EnvSettings
 @dataclasses.dataclass
 class UnrollSpec:
     """Everything the child needs, picklable: how to build the envs, the gin config text (parsed there, for the policy)
-    and the pacing."""
+    and the pacing. gin_constants: the ``gin.constant`` values the text may name (default: those registered in this
+    process when the spec is made)."""
 
     env_settings: EnvSettings
     config_text: str
     root_dir: str
     step_interval_s: float
     parent_pid: int
+    gin_constants: dict[str, Any] = dataclasses.field(default_factory=gin_constants)
 
 
-def child_main(spec: UnrollSpec, shared: SharedParams, steps: Any, errors: Any, replies: Any, commands: Any,
-               stop: Any) -> None:
+@dataclasses.dataclass
+class _Acting:
+    """The child's policy at work: the unroller stepping the envs with it, the parameter block it reads and the
+    tensors it reads into, and the parameter version it holds."""
+
+    unroller: Any
+    block: ParamBlock
+    tensors: dict[str, torch.Tensor]
+    version: int
+
+
+def child_main(spec: UnrollSpec, shared: SharedParams, channels: ChildChannels) -> None:
     """Build the envs and report them; on 'start' build the policy and step until told to stop or the parent is
     gone. Every exception goes to the trainer with its traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it then stops us
-    env = block = None
+    env = acting = None
     try:
-        torch.set_num_threads(1)
-        config = _parse_config(spec)
+        config, parent_alive = start_child(spec)
         from alfish.envs.spec import EnvSpec
 
         env = spec.env_settings.create()
         env_spec = EnvSpec.of(env)
-        replies.put(env_spec)
-        parent_alive = _parent_watch(spec.parent_pid)
-        command = _wait_for_start(commands, stop, parent_alive)
+        channels.replies.put(env_spec)
+        command = _wait_for_start(channels, parent_alive)
         if command is not None:
             _, block_name, seed = command
-            block = _run(config, env, env_spec, shared, block_name, seed, spec.step_interval_s, steps, stop,
-                         parent_alive)
+            acting = _start_acting(config, env, env_spec, shared, block_name, seed, parent_alive)
+            _run(acting, spec.step_interval_s, channels, parent_alive)
     except BaseException:  # noqa: BLE001  (everything, including KeyboardInterrupt, goes to the parent)
-        errors.put(traceback.format_exc())
+        channels.errors.put(traceback.format_exc())
         exit_code = 1
     else:
         exit_code = 0
-    finish_child((env, block), steps, errors, exit_code)
+    finish_child((env, acting.block if acting is not None else None), channels.results, channels.errors, exit_code)
 
 
-def _run(config: Any, env: Any, env_spec: Any, shared: SharedParams, block_name: str, seed: Optional[int],
-         step_interval_s: float, steps: Any, stop: Any, parent_alive: Callable[[], bool]) -> ParamBlock:
+def _start_acting(config: Any, env: Any, env_spec: Any, shared: SharedParams, block_name: str, seed: Optional[int],
+                  parent_alive: Callable[[], bool]) -> _Acting:
+    """Seed the child's own action-sampling stream, build the rollout policy, load the published parameters, and
+    reset the envs (the Unroller's construction, with ``seed``)."""
     from alfish.algorithms.build import build_policy
     from alfish.collect.unroller import Unroller
     from alfish.seeding import CHILD_SEED_OFFSET, seed_everything
@@ -78,35 +87,29 @@ def _run(config: Any, env: Any, env_spec: Any, shared: SharedParams, block_name:
     version = _load_parameters(block, tensors, 0, parent_alive)
     unroller = Unroller(env, algorithm, transform=transformer.rollout_view(update_stats=False), seed=seed,
                         device=device)
+    return _Acting(unroller, block, tensors, version)
+
+
+def _run(acting: _Acting, step_interval_s: float, channels: ChildChannels, parent_alive: Callable[[], bool]) -> None:
+    """Step the envs, one item per env step into ``channels.results``, loading each new parameter version first."""
     next_tick = time.monotonic()
+    stop = channels.stop
     with torch.inference_mode():
         while not stop.value and parent_alive():
-            version = _load_parameters(block, tensors, version, parent_alive)
+            acting.version = _load_parameters(acting.block, acting.tensors, acting.version, parent_alive)
             if step_interval_s > 0:
                 next_tick = _pace(next_tick, step_interval_s)
-            exp = unroller.step()
-            item = (nest.map_nest(lambda x: x.numpy(), exp), version, unroller.last_env_step_s)
-            if not _put(steps, item, stop, parent_alive):
+            exp = acting.unroller.step()
+            item = (nest.map_nest(lambda x: x.numpy(), exp), acting.version, acting.unroller.last_env_step_s)
+            if not _put(channels.results, item, stop, parent_alive):
                 break
-    return block
 
 
-def _parse_config(spec: UnrollSpec) -> Any:
-    import gin
-
-    from alfish.config.registration import register_configurables
-    from alfish.config.trainer_config import TrainerConfig
-
-    register_configurables()
-    gin.parse_config(spec.config_text)
-    return TrainerConfig(root_dir=spec.root_dir)
-
-
-def _wait_for_start(commands: Any, stop: Any, parent_alive: Callable[[], bool]) -> Optional[tuple]:
+def _wait_for_start(channels: ChildChannels, parent_alive: Callable[[], bool]) -> Optional[tuple]:
     """The trainer's ('start', block name, seed), or None when told to stop (or orphaned) first."""
-    while not stop.value and parent_alive():
+    while not channels.stop.value and parent_alive():
         try:
-            return commands.get(timeout=POLL_S)
+            return channels.commands.get(timeout=POLL_S)
         except queue.Empty:
             continue
     return None
@@ -127,11 +130,6 @@ def _load_parameters(block: ParamBlock, tensors: dict[str, torch.Tensor], have: 
     version, (iterations, env_steps, fraction) = read
     update_progress(iterations=int(iterations), env_steps=int(env_steps), fraction=fraction)
     return version
-
-
-def _parent_watch(parent_pid: int) -> Callable[[], bool]:
-    """A cheap check that the trainer still exists (a SIGKILLed parent cannot stop us)."""
-    return lambda: os.getppid() == parent_pid
 
 
 def _pace(next_tick: float, interval_s: float) -> float:

@@ -29,7 +29,7 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.async_child import UnrollSpec, child_main
-from alfish.collect.child_process import reap_child, without_rank_variables
+from alfish.collect.child_process import ChildChannels, reap_child, without_rank_variables
 from alfish.collect.collector import Collector, ProgressPoint, Sink
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock, SharedParams, rollout_state
@@ -86,6 +86,8 @@ class AsyncCollector(Collector):
             self._replies = self._ctx.Queue()  # child -> trainer: its EnvSpec
             self._commands = self._ctx.Queue()  # trainer -> child: 'start'
         self._stop = self._ctx.RawValue("b", 0)  # a flag, not an Event (child_process.py)
+        channels = ChildChannels(results=self._steps, errors=self._errors, commands=self._commands, stop=self._stop,
+                                 replies=self._replies)
         self.max_unroll_length = max_unroll_length
         self.parameter_update_period = parameter_update_period
         self.stall_timeout_s = stall_timeout_s
@@ -97,7 +99,7 @@ class AsyncCollector(Collector):
         # Not a daemon, so that its envs may be subprocesses (vectorization='async'); ``close`` runs at exit too.
         self.process: Optional[mp.process.BaseProcess] = self._ctx.Process(
             target=child_main, name="alfish-async-unroll", daemon=False,
-            args=(spec, self.shared, self._steps, self._errors, self._replies, self._commands, self._stop))
+            args=(spec, self.shared, channels))
         with without_rank_variables():
             self.process.start()
         atexit.register(self.close)  # (registered after multiprocessing's own exit hook: runs before it)

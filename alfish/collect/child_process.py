@@ -1,10 +1,15 @@
-"""How alfish's child processes end (the async unroll child, the async evaluator child): shared by both sides.
+"""How alfish's child processes start, fail and end (the async unroll child, the async evaluator child): the parts
+both children and both parents share.
 
 ``without_rank_variables`` is how both are started: the child gets the trainer's environment minus torchrun's rank
 variables (it is not a rank of the job, and tools that find a job's ranks by them must not take it for one).
-``finish_child`` is the child's last act: release its resources, make sure its traceback (if any) reached the parent,
-and leave without interpreter teardown. ``reap_child`` is the parent's: terminate, then kill, each step bounded, then
-close the queues without waiting on them.
+``ChildChannels`` are the queues and the stop flag a child shares with its trainer. ``start_child`` is the child's
+first act: ignore Ctrl-C (the trainer's to handle; it then stops the child), one torch thread, the trainer's gin config
+parsed here (with the ``gin.constant`` values it names, ``gin_constants``), and a check that the trainer still lives
+(``parent_watch``). ``finish_child`` is the child's last act: release its resources, make sure its traceback (if any)
+reached the parent, and leave without interpreter teardown. ``reap_child`` is the parent's: terminate, then kill, each
+step bounded, then close the queues without waiting on them. ``ChildProcessFailed`` is what the parent raises when a
+child failed, died, stalled or hung.
 
 Both children are non-daemonic, so that their envs may be subprocesses (``vectorization='async'``), which a daemonic
 process cannot have; their parents register ``close`` with ``atexit`` so that the interpreter's exit, which joins
@@ -14,13 +19,119 @@ non-daemonic children, cannot wait on one. Both are stopped by a shared flag (``
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing.util
 import os
-from typing import Any, Iterable, Iterator
+import pickle
+import signal
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
+
+import torch
 
 #: torchrun's per-process identity; a child of a rank is not a rank of the job.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
                   "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE")
+
+
+class ChildProcessFailed(RuntimeError):
+    """An alfish child process (the async unroller, the async evaluator) failed, died, stalled or hung; the message
+    says which child, what happened and, for an exception, carries the child's traceback."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ChildChannels:
+    """What a child and its trainer share besides the parameters, passed to the child at spawn.
+
+    results: child -> trainer, the child's output (the unroll child's env steps, the evaluator's results).
+    errors: child -> trainer, a failure with its traceback.
+    commands: trainer -> child.
+    stop: a shared flag (``RawValue('b')``) the trainer sets to stop the child (a flag, not an ``Event``: see above).
+    replies: child -> trainer, the unroll child's EnvSpec (None for the evaluator).
+    """
+
+    results: Any
+    errors: Any
+    commands: Any
+    stop: Any
+    replies: Any = None
+
+
+class ChildSpec(Protocol):
+    """The fields of a child's spec (``UnrollSpec``, ``EvalSpec``) that ``start_child`` reads."""
+
+    config_text: str  # the trainer's operative gin config
+    root_dir: str
+    gin_constants: dict[str, Any]  # the trainer's gin.constant values (``gin_constants()``)
+    parent_pid: int
+
+
+def start_child(spec: ChildSpec) -> tuple[Any, Callable[[], bool]]:
+    """The first acts of a child, inside its ``try`` (a failure goes to the trainer): Ctrl-C ignored, one torch
+    thread, ``spec``'s config parsed (``parse_config``). Returns the ``TrainerConfig`` and ``parent_watch``'s check."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it then stops us
+    torch.set_num_threads(1)
+    config = parse_config(spec.config_text, spec.root_dir, spec.gin_constants)
+    return config, parent_watch(spec.parent_pid)
+
+
+def parent_watch(parent_pid: int) -> Callable[[], bool]:
+    """A cheap check that the trainer still exists (a SIGKILLed parent cannot stop us)."""
+    return lambda: os.getppid() == parent_pid
+
+
+def gin_constants() -> dict[str, Any]:
+    """The ``gin.constant`` values registered in this process that can be pickled. A config text refers to a constant
+    by name (``%NAME``); a child parsing it has only the constants its own imports register."""
+    from gin import config as gin_config
+
+    constants = {}
+    for name, value in gin_config._CONSTANTS.items():  # (gin has no public accessor)
+        try:
+            pickle.dumps(value)
+        except Exception:  # noqa: BLE001  (not shippable: the child then reports the unknown constant)
+            continue
+        constants[name] = value
+    return constants
+
+
+def parse_config(config_text: str, root_dir: str, constants: Optional[dict[str, Any]] = None) -> Any:
+    """Parse the trainer's config text in a child: alfish's configurables, the modules the text imports (they may
+    register constants), then the trainer's ``constants`` not registered yet, then the text. Returns the
+    ``TrainerConfig`` it describes."""
+    import gin
+    from gin import config as gin_config
+
+    from alfish.config.registration import register_configurables
+    from alfish.config.trainer_config import TrainerConfig
+
+    register_configurables()
+    _import_modules_of(config_text)
+    for name, value in (constants or {}).items():
+        if not gin_config._CONSTANTS.matching_selectors(name):
+            gin.constant(name, value)
+    gin.parse_config(config_text)
+    return TrainerConfig(root_dir=root_dir)
+
+
+def _import_modules_of(config_text: str) -> None:
+    """Import the modules ``config_text``'s import statements name (a failure is left for the parse to report)."""
+    import importlib
+
+    from gin import config_parser
+
+    class NoValues(config_parser.ParserDelegate):
+        def configurable_reference(self, scoped_name: str, evaluate: bool) -> None:
+            return None
+
+        def macro(self, scoped_name: str) -> None:
+            return None
+
+    for statement in config_parser.ConfigParser(config_text, NoValues()):
+        if isinstance(statement, config_parser.ImportStatement):
+            try:
+                importlib.import_module(statement.module)
+            except ImportError:
+                pass
 
 
 @contextlib.contextmanager

@@ -13,12 +13,14 @@ from typing import Any, Callable, Optional
 import numpy as np
 import torch
 
+from alfish.collect.child_process import ChildProcessFailed
+
 POLL_S = 0.2  # how often a waiting side re-checks that its peer is alive
 LOCK_TIMEOUT_S = 10.0
 
 
-class AsyncUnrollError(RuntimeError):
-    """The unroll child failed, died or stalled."""
+class AsyncUnrollError(ChildProcessFailed):
+    """The unroll child failed, died or stalled (or the shared parameter block failed either child)."""
 
 
 def rollout_state(algorithm: torch.nn.Module, transformer: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -45,18 +45,24 @@ import time
 from typing import Any, Optional
 
 from alfish.algorithms.base import Algorithm
-from alfish.collect.child_process import reap_child, without_rank_variables
-from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock
-from alfish.evaluate.eval_child import EvalShared, EvalSpec, eval_child_main, eval_state, gin_constants
-from alfish.evaluate.evaluator import EvalResult, Evaluation, policy_snapshot, write_evaluation
+from alfish.collect.child_process import (
+    ChildChannels,
+    ChildProcessFailed,
+    gin_constants,
+    reap_child,
+    without_rank_variables,
+)
+from alfish.collect.shared_params import POLL_S, ParamBlock
+from alfish.evaluate.eval_child import EvalShared, EvalSpec, eval_child_main, eval_state
+from alfish.evaluate.evaluator import EvalResult, Evaluation, RecordedAt, policy_snapshot, write_evaluation
 from alfish.transforms.base import DataTransformer
 
 __all__ = ["AsyncEvalError", "AsyncEvaluator", "EvalSpec", "gin_constants"]
 
 
-class AsyncEvalError(AsyncUnrollError):
-    """The async evaluator child failed, died or hung. (An ``AsyncUnrollError``: the command line reports both kinds
-    of child failure by their message alone.)"""
+class AsyncEvalError(ChildProcessFailed):
+    """The async evaluator child failed, died or hung. (A ``ChildProcessFailed``, as ``AsyncUnrollError``: the command
+    line reports every child failure by its message alone.)"""
 
 
 @dataclasses.dataclass
@@ -91,6 +97,7 @@ class AsyncEvaluator:
         # A flag, not an Event (child_process.py); nothing here blocks on a lock the child could die holding, except
         # the parameter lock, whose waits poll the child.
         self._stop = self._ctx.RawValue("b", 0)
+        channels = ChildChannels(results=self._results, errors=self._errors, commands=self._commands, stop=self._stop)
         self.transformer = transformer
         self.uncertainty = spec.uncertainty
         self.stall_timeout_s = stall_timeout_s
@@ -108,7 +115,7 @@ class AsyncEvaluator:
         # the interpreter's exit (which joins non-daemonic children) cannot wait on it, ``close`` runs at exit too.
         self.process: Optional[mp.process.BaseProcess] = self._ctx.Process(
             target=eval_child_main, name="alfish-async-eval", daemon=False,
-            args=(spec, self.shared, self._results, self._errors, self._commands, self._stop))
+            args=(spec, self.shared, channels))
         with without_rank_variables():
             self.process.start()
         atexit.register(self.close)  # (registered after multiprocessing's own exit hook: runs before it)
@@ -276,8 +283,8 @@ class AsyncEvaluator:
     def _record(self, version: int, result: EvalResult, eval_s: float) -> None:
         with self._cond:
             request = self._pending[version]
-        write_evaluation(result, request.summaries, request.root_dir, request.iteration, request.env_steps,
-                         request.elapsed_s, eval_s, asynchronous=True)
+        write_evaluation(result, request.summaries, request.root_dir,
+                         RecordedAt(request.iteration, request.env_steps, request.elapsed_s), eval_s, asynchronous=True)
         with self._cond:  # outstanding until written: wait() returns only after the record is
             self._completed.append(Evaluation(request.iteration, request.env_steps, result, request.snapshot))
             del self._pending[version]

@@ -5,42 +5,35 @@ from typing import Callable, Optional
 
 import torch
 
-from alfish.algorithms.base import Algorithm
-from alfish.data.types import StepType, TimeStep
+from alfish.data.types import TimeStep
 from alfish.envs.batched_env import BatchedEnv
-from alfish.transforms.base import DataTransformer
+from alfish.evaluate.acting import EpisodeWatcher, GreedyPolicy, run_episodes
 
 
-def play_episodes(env: BatchedEnv, transformer: DataTransformer, algorithm: Algorithm, time_step: TimeStep,
-                  num_episodes: int, epsilon_greedy: float = 0.0, frames: Optional[list] = None,
+class _Show(EpisodeWatcher):
+    """Renders env 0 after each of its counted steps into ``frames`` (if given); reports each episode's end."""
+
+    def __init__(self, env: BatchedEnv, frames: Optional[list], on_episode: Callable[[int, float, int], None]):
+        self.env, self.frames, self.on_episode = env, frames, on_episode
+
+    def stepped(self, time_step: TimeStep, counted: torch.Tensor) -> None:
+        if self.frames is not None and bool(counted[0]):
+            self.frames.append(self.env.render()[0])
+
+    def episode_ended(self, index: int, episode_return: float, length: int) -> None:
+        self.on_episode(index, episode_return, length)
+
+
+def play_episodes(env: BatchedEnv, policy: GreedyPolicy, time_step: TimeStep, num_episodes: int,
+                  frames: Optional[list] = None,
                   on_episode: Callable[[int, float, int], None] = lambda index, ret, length: None) -> list[float]:
-    """Plays ``num_episodes`` episodes on env 0 of ``env`` from ``time_step`` (just after a reset) with the greedy
-    (or ``epsilon_greedy``) policy, acting through the transformers with their statistics frozen; returns the episode
-    returns. ``frames``: a frame (``env.render()[0]``) is appended after every step. ``on_episode(index from 1,
-    return, length)`` is called at the end of each episode."""
-    view = transformer.rollout_view(update_stats=False)
-    returns: list[float] = []
-    with torch.inference_mode():
-        episode_return, episode_length = 0.0, 0
-        # a recurrent policy's state, reset at each episode's FIRST step (EMPTY for a stateless one)
-        state = algorithm.initial_state(env.num_envs, next(iter(algorithm.parameters())).device)
-        while len(returns) < num_episodes:
-            seen = view(time_step)
-            alg_step = algorithm.predict_step(seen, algorithm.reset_state(state, seen.step_type),
-                                              epsilon_greedy=epsilon_greedy)
-            action, state = alg_step.output, alg_step.state
-            time_step = env.step(action)
-            if int(time_step.step_type[0]) == StepType.FIRST:
-                continue  # the autoreset step after LAST: not part of any episode
-            if frames is not None:
-                frames.append(env.render()[0])
-            episode_return += float(time_step.reward[0])
-            episode_length += 1
-            if int(time_step.step_type[0]) == StepType.LAST:
-                returns.append(episode_return)
-                on_episode(len(returns), episode_return, episode_length)
-                episode_return, episode_length = 0.0, 0
-    return returns
+    """Plays ``num_episodes`` episodes on ``env`` (one env) from ``time_step`` (just after a reset) with ``policy`` (a
+    ``GreedyPolicy``: greedy or epsilon-greedy, through the transformers with their statistics frozen); returns the
+    episode returns. ``frames``: a frame (``env.render()[0]``) is appended after every step that belongs to an episode.
+    ``on_episode(index from 1, return, length)`` is called at the end of each episode."""
+    if env.num_envs != 1:
+        raise ValueError(f"play_episodes plays one env; got {env.num_envs}")
+    return run_episodes(env, policy, time_step, num_episodes, watcher=_Show(env, frames, on_episode)).returns
 
 
 def write_video(path: str, frames: list, fps: int) -> None:

@@ -7,17 +7,15 @@ side is ``alfish.evaluate.async_evaluator``.
 from __future__ import annotations
 
 import dataclasses
-import os
 import pickle
 import queue
-import signal
 import time
 import traceback
 from typing import Any, Callable, Optional
 
 import torch
 
-from alfish.collect.child_process import finish_child
+from alfish.collect.child_process import ChildChannels, finish_child, start_child
 from alfish.collect.shared_params import POLL_S, ParamBlock, SharedParams, rollout_state
 from alfish.envs.batched_env import EnvSettings
 from alfish.envs.spec import EnvSpec
@@ -96,17 +94,14 @@ class _Heartbeat:
         self.env.close()
 
 
-def eval_child_main(spec: EvalSpec, shared: EvalShared, results: Any, errors: Any, commands: Any, stop: Any) -> None:
+def eval_child_main(spec: EvalSpec, shared: EvalShared, channels: ChildChannels) -> None:
     """Build the eval envs and the policy copy, say so (``shared.ready``), attach to the parameter block when the
     trainer names it, then evaluate every new version until told to stop (``stop.value``) or the trainer is gone.
     Every exception goes to the trainer with its traceback."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle; it then stops us
     env = block = None
     phase = "startup"
     try:
-        torch.set_num_threads(1)
-        parent_alive = _parent_watch(spec.parent_pid)
-        config = _parse_config(spec)
+        config, parent_alive = start_child(spec)
         import gin
 
         from alfish.algorithms.build import build_policy
@@ -119,37 +114,37 @@ def eval_child_main(spec: EvalSpec, shared: EvalShared, results: Any, errors: An
         transformer, algorithm = build_policy(config, spec.env_spec)
         algorithm.to(device), transformer.to(device)
         tensors = eval_state(algorithm, transformer, spec.uncertainty)
-        keep_going = lambda: not stop.value and parent_alive()  # noqa: E731
+        keep_going = lambda: not channels.stop.value and parent_alive()  # noqa: E731
         evaluator = Evaluator(_Heartbeat(env, shared.heartbeat, keep_going), spec.num_episodes, spec.epsilon_greedy,
                               seed=spec.seed, transform=transformer.rollout_view(update_stats=False),
                               uncertainty=spec.uncertainty)
         shared.ready.value = 1
         phase = "evaluation"
-        name = _wait_for_block(commands, stop, parent_alive)
+        name = _wait_for_block(channels, parent_alive)
         if name is not None:
             block = ParamBlock(shared, tensors, name=name)
-            _serve(evaluator, algorithm, block, tensors, spec.seed, results, commands, stop, parent_alive)
+            _serve(evaluator, algorithm, block, tensors, spec.seed, channels, parent_alive)
     except _Abandoned:
         exit_code = 0
     except BaseException as err:  # noqa: BLE001  (everything, including KeyboardInterrupt, goes to the parent)
-        errors.put((phase, _portable(err), traceback.format_exc()))
+        channels.errors.put((phase, _portable(err), traceback.format_exc()))
         exit_code = 1
     else:
         exit_code = 0
-    finish_child((env, block), results, errors, exit_code)  # (os._exit: no interpreter teardown)
+    finish_child((env, block), channels.results, channels.errors, exit_code)  # (os._exit: no interpreter teardown)
 
 
 def _serve(evaluator: Any, algorithm: torch.nn.Module, block: ParamBlock, tensors: dict[str, torch.Tensor],
-           seed: int, results: Any, commands: Any, stop: Any, parent_alive: Callable[[], bool]) -> None:
+           seed: int, channels: ChildChannels, parent_alive: Callable[[], bool]) -> None:
     """Evaluate the published version whenever the version moves (the trainer publishes the next one only after
     this one's result arrived)."""
     from alfish.seeding import reseed
 
     have = 0
-    while not stop.value and parent_alive():
+    while not channels.stop.value and parent_alive():
         if block.shared.version.value == have:
             try:
-                commands.get(timeout=POLL_S)  # a wake-up (the version is what counts: it is read again first)
+                channels.commands.get(timeout=POLL_S)  # a wake-up (the version is what counts: it is read again first)
             except queue.Empty:
                 pass
             continue
@@ -162,7 +157,7 @@ def _serve(evaluator: Any, algorithm: torch.nn.Module, block: ParamBlock, tensor
         torch.manual_seed(reseed(seed, int(index)))  # epsilon-greedy draws: reproducible per evaluation
         start = time.monotonic()
         result = evaluator.evaluate(algorithm)
-        results.put((have, result, time.monotonic() - start))
+        channels.results.put((have, result, time.monotonic() - start))
 
 
 def _portable(err: BaseException) -> BaseException:
@@ -182,72 +177,13 @@ def _portable(err: BaseException) -> BaseException:
     return RuntimeError(str(err))
 
 
-def gin_constants() -> dict[str, Any]:
-    """The ``gin.constant`` values registered in this process that can be pickled. A config text refers to a constant
-    by name (``%NAME``); a child parsing it has only the constants its own imports register."""
-    from gin import config as gin_config
-
-    constants = {}
-    for name, value in gin_config._CONSTANTS.items():  # (gin has no public accessor)
-        try:
-            pickle.dumps(value)
-        except Exception:  # noqa: BLE001  (not shippable: the child then reports the unknown constant)
-            continue
-        constants[name] = value
-    return constants
-
-
-def _parse_config(spec: EvalSpec) -> Any:
-    """Parse the trainer's config text here: the modules it imports first (they may register constants), then the
-    trainer's constants not registered yet, then the text."""
-    import gin
-    from gin import config as gin_config
-
-    from alfish.config.registration import register_configurables
-    from alfish.config.trainer_config import TrainerConfig
-
-    register_configurables()
-    _import_modules_of(spec.config_text)
-    for name, value in spec.gin_constants.items():
-        if not gin_config._CONSTANTS.matching_selectors(name):
-            gin.constant(name, value)
-    gin.parse_config(spec.config_text)
-    return TrainerConfig(root_dir=spec.root_dir)
-
-
-def _import_modules_of(config_text: str) -> None:
-    """Import the modules ``config_text``'s import statements name (a failure is left for the parse to report)."""
-    import importlib
-
-    from gin import config_parser
-
-    class NoValues(config_parser.ParserDelegate):
-        def configurable_reference(self, scoped_name: str, evaluate: bool) -> None:
-            return None
-
-        def macro(self, scoped_name: str) -> None:
-            return None
-
-    for statement in config_parser.ConfigParser(config_text, NoValues()):
-        if isinstance(statement, config_parser.ImportStatement):
-            try:
-                importlib.import_module(statement.module)
-            except ImportError:
-                pass
-
-
-def _wait_for_block(commands: Any, stop: Any, parent_alive: Callable[[], bool]) -> Optional[str]:
+def _wait_for_block(channels: ChildChannels, parent_alive: Callable[[], bool]) -> Optional[str]:
     """The parameter block's name, sent with the first evaluation (None when told to stop, or orphaned, first)."""
-    while not stop.value and parent_alive():
+    while not channels.stop.value and parent_alive():
         try:
-            kind, name = commands.get(timeout=POLL_S)
+            kind, name = channels.commands.get(timeout=POLL_S)
             if kind == "block":
                 return name
         except queue.Empty:
             continue
     return None
-
-
-def _parent_watch(parent_pid: int) -> Callable[[], bool]:
-    """A cheap check that the trainer still exists (a SIGKILLed parent cannot stop us)."""
-    return lambda: os.getppid() == parent_pid

@@ -19,6 +19,7 @@ import gin
 from torch import nn
 
 from alfish.envs.batched_env import BatchedEnv, create_environment
+from alfish.evaluate.acting import GreedyPolicy
 from alfish.evaluate.episodes import play_episodes, write_video
 from alfish.evaluate.evaluator import policy_snapshot
 
@@ -73,7 +74,8 @@ class EvalVideo:
         own_transformer.eval(), own_algorithm.eval()
         time_step = self.env.reset(seed=self.seed + self.count)
         frames = [self.env.render()[0]]
-        returns = play_episodes(self.env, own_transformer, own_algorithm, time_step, 1, frames=frames)
+        returns = play_episodes(self.env, GreedyPolicy.frozen(own_transformer, own_algorithm), time_step, 1,
+                                frames=frames)
         path = os.path.join(self.directory, f"eval-{iteration}.{self.video_format}")
         write_video(path, frames, int(self.env._venv.metadata.get("render_fps") or 30))
         logging.info("evaluation video (return %.2f, %d frames, %.1f s): %s", returns[0], len(frames),

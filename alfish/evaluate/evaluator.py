@@ -16,10 +16,8 @@ an ensemble (PPO, A2C, DQN, BC) record the return spread only.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
-import os
 import time
 from typing import Any, Callable, NamedTuple, Optional, Protocol
 
@@ -27,10 +25,12 @@ import torch
 from torch import nn
 
 from alfish.algorithms.base import Algorithm
-from alfish.collect.unroller import to_device
-from alfish.data.types import StepType, TimeStep
+from alfish.data.types import TimeStep
 from alfish.envs.batched_env import BatchedEnv
+from alfish.evaluate.acting import Acted, EpisodeWatcher, GreedyPolicy, run_episodes
 from alfish.learn.device import CPU
+from alfish.rundir import eval_log
+from alfish.rundir.eval_log import recorded_iterations  # noqa: F401  (re-exported: the trainer reads it from here)
 from alfish.seeding import reseed
 
 #: The ``eval_uncertainty`` fields of a result, in the order they are recorded.
@@ -130,42 +130,16 @@ class Evaluator:
     def evaluate(self, algorithm: Algorithm) -> EvalResult:
         was_training = algorithm.training
         algorithm.eval()
-        n = self.env.num_envs
-        device = next(iter(algorithm.parameters())).device  # the evaluator acts where the algorithm trains
         critics = CriticSpread(algorithm) if self.uncertainty and has_critic_ensemble(algorithm) else None
-        done = torch.zeros(n, dtype=torch.int64)
-        ret = torch.zeros(n, dtype=torch.float64)
-        length = torch.zeros(n, dtype=torch.int64)
-        returns, lengths = [], []
         time_step = self.env.reset(seed=reseed(self.seed, self.num_evaluations))
         self.num_evaluations += 1
-        state = algorithm.initial_state(n, device)
-        for _ in range(self.max_steps):
-            if bool((done >= self.per_env).all()):
-                break
-            seen = self.transform(to_device(time_step, device))  # to the policy's device and back: once per step each
-            # a recurrent policy's state is reset at each FIRST step (EMPTY, untouched, for a stateless one)
-            alg_step = algorithm.predict_step(seen, algorithm.reset_state(state, seen.step_type),
-                                              epsilon_greedy=self.epsilon_greedy)
-            action_here, state = alg_step.output, alg_step.state
-            if critics is not None:  # the pairs whose transition is counted below: envs still counting, not at LAST
-                critics.observe(seen.observation, action_here, (done < self.per_env) & (time_step.step_type !=
-                                                                                         StepType.LAST))
-            action = to_device(action_here, CPU)
-            time_step = self.env.step(action)
-            counting = (done < self.per_env) & (time_step.step_type != StepType.FIRST)
-            ret += torch.where(counting, time_step.reward.double(), 0.0)
-            length += counting.long()
-            finished = counting & (time_step.step_type == StepType.LAST)
-            if bool(finished.any()):
-                returns += ret[finished].tolist()
-                lengths += length[finished].tolist()
-                ret[finished], length[finished] = 0.0, 0
-                done += finished.long()
-        else:
+        policy = GreedyPolicy(algorithm, self.transform, self.epsilon_greedy)  # (on the device the algorithm trains on)
+        episodes = run_episodes(self.env, policy, time_step, self.per_env, max_steps=self.max_steps, watcher=critics)
+        if not episodes.finished:
             raise RuntimeError(f"evaluation did not finish {self.per_env} episodes per env within {self.max_steps} "
                                "steps; does the env ever end an episode (add a TimeLimit)?")
         algorithm.train(was_training)
+        returns, lengths = episodes.returns, episodes.lengths
         average = sum(returns) / len(returns)
         result = EvalResult(average, sum(lengths) / len(lengths), len(returns))
         if self.uncertainty:
@@ -180,7 +154,8 @@ class Evaluator:
         (``iteration``, ``env_steps``, ``elapsed_s()``)."""
         start = time.monotonic()
         result = self.evaluate(algorithm)
-        write_evaluation(result, summaries, root_dir, counters.iteration, counters.env_steps, counters.elapsed_s(),
+        write_evaluation(result, summaries, root_dir,
+                         RecordedAt(counters.iteration, counters.env_steps, counters.elapsed_s()),
                          time.monotonic() - start)
         self._completed.append(Evaluation(counters.iteration, counters.env_steps, result))
 
@@ -217,7 +192,7 @@ def has_critic_ensemble(algorithm: nn.Module) -> bool:
             and getattr(algorithm, "critics_read_observations", True))
 
 
-class CriticSpread:
+class CriticSpread(EpisodeWatcher):
     """Accumulates the critic ensemble's estimates ``Q_e(s, a)`` of evaluation steps: their ensemble mean and std
     (``ddof=0``), each summed over the counted steps (float64, on the host)."""
 
@@ -226,6 +201,10 @@ class CriticSpread:
         self.mean_sum = self.std_sum = 0.0
         self.count = 0
         self.members = 0
+
+    def acted(self, acted: Acted, counted: torch.Tensor) -> None:
+        """The pairs whose transition is counted: envs still counting, not at LAST (``EpisodeWatcher``)."""
+        self.observe(acted.seen.observation, acted.action, counted)
 
     def observe(self, observation: Any, action: torch.Tensor, counted: torch.Tensor) -> None:
         alg = self.algorithm
@@ -248,12 +227,23 @@ class CriticSpread:
         return out
 
 
-def write_evaluation(result: EvalResult, summaries: Any, root_dir: str, iteration: int, env_steps: int,
-                     elapsed_s: float, eval_s: float, asynchronous: bool = False) -> None:
-    """Write ``result`` to TensorBoard (``eval/`` at ``iteration``, ``eval_vs_env_steps/average_return`` at
-    ``env_steps``), one line to ``root_dir/eval_log.jsonl`` and the log. ``asynchronous``: the result comes from the
-    async evaluator (the record says so, ``"asynchronous": true``; ``elapsed_s`` is then the run's wall-clock when the
-    evaluated parameters were sent)."""
+@dataclasses.dataclass(frozen=True)
+class RecordedAt:
+    """What a result is recorded against: the evaluated parameters' iteration and env steps, and the run's wall-clock
+    seconds (``elapsed_s``) when they were evaluated (asynchronous: when they were sent)."""
+
+    iteration: int
+    env_steps: int
+    elapsed_s: float
+
+
+def write_evaluation(result: EvalResult, summaries: Any, root_dir: str, at: RecordedAt, eval_s: float,
+                     asynchronous: bool = False) -> None:
+    """Write ``result`` to TensorBoard (``eval/`` at ``at.iteration``, ``eval_vs_env_steps/average_return`` at
+    ``at.env_steps``), one line to ``root_dir/eval_log.jsonl`` (``alfish.rundir.eval_log``) and the log. ``eval_s``:
+    the seconds the evaluation took. ``asynchronous``: the result comes from the async evaluator (the record says so,
+    ``"asynchronous": true``)."""
+    iteration, env_steps, elapsed_s = at.iteration, at.env_steps, at.elapsed_s
     uncertainty = result.uncertainty()
     summaries.scalars("eval", dict(average_return=result.average_return,
                                    average_episode_length=result.average_length, num_episodes=result.num_episodes,
@@ -264,8 +254,7 @@ def write_evaluation(result: EvalResult, summaries: Any, root_dir: str, iteratio
                   num_episodes=result.num_episodes, **uncertainty)
     if asynchronous:
         record["asynchronous"] = True
-    with open(os.path.join(root_dir, "eval_log.jsonl"), "a") as f:
-        f.write(json.dumps(record) + "\n")
+    eval_log.append_record(root_dir, record)
     spread = "".join(f", {name.replace('_', ' ')} {value:.3g}" for name, value in uncertainty.items())
     logging.info("eval at iteration %d (env steps %d): return %.2f, length %.1f over %d episodes%s (%.1fs%s)",
                  iteration, env_steps, result.average_return, result.average_length, result.num_episodes, spread,
@@ -277,19 +266,3 @@ def policy_snapshot(algorithm: nn.Module, transformer: nn.Module) -> dict[str, A
     (``{"algorithm": state dict, "transformers": state dict}``)."""
     return {"algorithm": {k: v.detach().to("cpu", copy=True) for k, v in algorithm.state_dict().items()},
             "transformers": {k: v.detach().to("cpu", copy=True) for k, v in transformer.state_dict().items()}}
-
-
-def recorded_iterations(root_dir: str) -> set[int]:
-    """The iterations ``root_dir/eval_log.jsonl`` has a record of (a half-written last line is skipped)."""
-    try:
-        with open(os.path.join(root_dir, "eval_log.jsonl")) as f:
-            lines = f.read().splitlines()
-    except FileNotFoundError:
-        return set()
-    recorded = set()
-    for line in lines:
-        try:
-            recorded.add(int(json.loads(line)["iteration"]))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return recorded

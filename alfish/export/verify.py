@@ -1,8 +1,8 @@
 """Checking an exported program against the torch policy it came from, as ``play`` runs that policy.
 
-The reference is play's path with ``--epsilon_greedy 0``: the transformers' rollout view with frozen statistics,
-``algorithm.reset_state`` at FIRST steps, ``algorithm.predict_step``, and a Box action clipped to the bounds as
-``BatchedEnv`` clips it. Two checks:
+The reference is play's path with ``--epsilon_greedy 0`` (``alfish.evaluate.acting.GreedyPolicy``: the transformers'
+rollout view with frozen statistics, ``algorithm.reset_state`` at FIRST steps, ``algorithm.predict_step``), and a Box
+action clipped to the bounds as ``BatchedEnv`` clips it. Two checks:
   - sampled: one batch of observations drawn from the env's observation space (recurrent policies: with random
     states), through both in one call;
   - rollout: the env stepped with the reference's actions; the program gets each observation with its own carried
@@ -20,10 +20,13 @@ import torch
 from torch.utils import _pytree as pytree
 
 from alfish.algorithms.base import Algorithm
+from alfish.collect.unroller import to_device
 from alfish.data.types import StepType, TimeStep
 from alfish.envs.batched_env import BatchedEnv
+from alfish.evaluate.acting import GreedyPolicy
 from alfish.export.formats import Runner
 from alfish.export.policy_module import ExportedPolicy
+from alfish.learn.device import CPU
 from alfish.transforms.base import SequentialDataTransformer
 
 #: The largest absolute difference between the program's and the torch policy's outputs that passes.
@@ -48,26 +51,23 @@ class CheckResult:
 
 
 class ReferencePolicy:
-    """The torch policy as play runs it, on batches ``[B]``: ``(time_step, state) -> (action, next state)``."""
+    """The torch policy as play runs it (``GreedyPolicy``, greedy), with a Box action clipped as the env clips it."""
 
     def __init__(self, transformer: SequentialDataTransformer, algorithm: Algorithm, action_space: gym.Space):
         self.transformer, self.algorithm = transformer, algorithm
         self.bounds = None if isinstance(action_space, gym.spaces.Discrete) else (
             np.asarray(action_space.low, np.float32), np.asarray(action_space.high, np.float32))
 
-    def view(self) -> Any:
+    def stream(self) -> GreedyPolicy:
         """A new stream (its own transformer state), statistics frozen, as play opens one."""
-        return self.transformer.rollout_view(update_stats=False)
+        return GreedyPolicy.frozen(self.transformer, self.algorithm)
 
-    def __call__(self, view: Any, time_step: TimeStep, state: Any) -> tuple[np.ndarray, Any]:
-        with torch.inference_mode():
-            seen = view(time_step)
-            alg_step = self.algorithm.predict_step(seen, self.algorithm.reset_state(state, seen.step_type),
-                                                   epsilon_greedy=0.0)
-        action = alg_step.output.numpy()
+    def act(self, stream: GreedyPolicy, time_step: TimeStep) -> np.ndarray:
+        """``stream``'s action for ``time_step`` ``[B]`` as the env executes it (its next state: ``stream.state``)."""
+        action = to_device(stream.act(time_step).action, CPU).numpy()
         if self.bounds is not None:  # what BatchedEnv executes
             action = np.clip(action.reshape((action.shape[0],) + self.bounds[0].shape), *self.bounds)
-        return action, alg_step.state
+        return action
 
 
 def check_sampled(policy: ExportedPolicy, reference: ReferencePolicy, run: Runner, observation_space: gym.Space,
@@ -80,20 +80,20 @@ def check_sampled(policy: ExportedPolicy, reference: ReferencePolicy, run: Runne
     states = [torch.randn((batch_size,) + spec.shape, generator=generator) * 0.5 for spec in policy.state_specs]
     observation = _stack(samples, policy)
     time_step = _time_step(observation, batch_size, StepType.MID, policy)
-    state = policy.state_from_leaves(states)
-    action, next_state = reference(reference.view(), time_step, state)
+    stream = reference.stream()
+    stream.state = policy.state_from_leaves(states)  # (a MID step: acted on as it is)
+    action = reference.act(stream, time_step)
     outputs = run(_inputs(observation, [s.numpy() for s in states], policy))
     return CheckResult(f"{batch_size} sampled observations", batch_size,
-                       _diffs(policy, outputs, action, next_state))
+                       _diffs(policy, outputs, action, stream.state))
 
 
 def check_rollout(policy: ExportedPolicy, reference: ReferencePolicy, run: Runner, env: BatchedEnv, num_steps: int,
                   seed: int) -> CheckResult:
     """``num_steps`` steps of ``env`` acted on by the reference; the program sees each observation with the state it
     returned at the step before (zeros at FIRST steps). Differences are the largest over all steps."""
-    view = reference.view()
+    stream = reference.stream()
     time_step = env.reset(seed=seed)
-    state = reference.algorithm.initial_state(env.num_envs)
     program_state = [s.numpy() for s in policy.initial_state(env.num_envs)]
     worst: dict[str, float] = {}
     for _ in range(num_steps):
@@ -102,9 +102,9 @@ def check_rollout(policy: ExportedPolicy, reference: ReferencePolicy, run: Runne
             program_state = [np.where(first.reshape((-1,) + (1,) * (s.ndim - 1)), 0, s).astype(s.dtype)
                              for s in program_state]
         observation = time_step.observation
-        action, state = reference(view, time_step, state)
+        action = reference.act(stream, time_step)
         outputs = run(_inputs(observation, program_state, policy))
-        for name, value in _diffs(policy, outputs, action, state).items():
+        for name, value in _diffs(policy, outputs, action, stream.state).items():
             worst[name] = max(worst.get(name, 0.0), value)
         program_state = list(outputs[1:])
         time_step = env.step(torch.from_numpy(action))

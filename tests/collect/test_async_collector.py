@@ -139,6 +139,17 @@ def test_child_acts_with_new_parameters_after_they_are_published(rig_factory):
     assert all(s.version == second for s in after[10:])
 
 
+# Registered in this process only (as a user's script may register one before training): the child, which imports
+# neither this module nor the script, parses the config text naming it from the spec's gin_constants.
+gin.constant("test_async_collector.GAMMA", 0.9)
+
+
+def test_the_child_parses_a_config_naming_a_gin_constant_of_the_trainer(rig_factory):
+    rig = rig_factory(DQN_CHAIN + "DqnAlgorithm.gamma = %test_async_collector.GAMMA\n")
+    assert "%test_async_collector.GAMMA" in gin.config_str()  # (the text the child parses names it)
+    assert len(rig.unroller.receive(3)) == 3
+
+
 def test_pacing_holds_the_step_interval(rig_factory):
     rig = rig_factory(SAC_POINT_GOAL, queue_size=100, interval_s=0.05)
     rig.unroller.receive(1)

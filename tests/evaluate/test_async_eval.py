@@ -14,6 +14,8 @@ import torch
 
 from alfish.algorithms.build import build_policy
 from alfish.bin.train import known_run_failures
+from alfish.collect.child_process import ChildProcessFailed
+from alfish.collect.shared_params import AsyncUnrollError
 from alfish.config import TrainerConfig, load_conf
 from alfish.envs.batched_env import create_environment
 from alfish.envs.spec import EnvSpec
@@ -81,6 +83,14 @@ class RecordingSummaries:
     def scalars(self, prefix, values, step):
         for name, value in values.items():
             self.scalar(f"{prefix}/{name}", value, step)
+
+
+def test_the_two_children_fail_as_siblings_under_one_base():
+    """``except ChildProcessFailed`` (the command line's one-line report) catches either child; neither error is the
+    other, so a handler of one kind does not swallow the other."""
+    assert issubclass(AsyncEvalError, ChildProcessFailed) and issubclass(AsyncUnrollError, ChildProcessFailed)
+    assert not issubclass(AsyncEvalError, AsyncUnrollError) and not issubclass(AsyncUnrollError, AsyncEvalError)
+    assert ChildProcessFailed in known_run_failures()
 
 
 def test_results_are_recorded_against_the_iteration_they_evaluated_while_training_goes_on(tmp_path):
