@@ -136,7 +136,8 @@ class PrioritizedSampler(Sampler):
         ``runs_on_numpy``); called on an implementation (or a subclass of one), build that."""
         if cls is PrioritizedSampler:
             on_host = runs_on_numpy(canonical_device(device))
-            cls = next(impl for impl in PrioritizedSampler.__subclasses__() if impl.on_host == on_host)
+            cls = next(impl for impl in PrioritizedSampler.__subclasses__()
+                       if getattr(impl, "on_host", None) is on_host)
         return super().__new__(cls)
 
     def __init__(self, num_envs: int, capacity: int, sequence_length: int = 1, *,
