@@ -1,4 +1,4 @@
-"""Per-environment ring storage of raw experience (storage only: samplers in ``samplers.py`` / ``prioritized.py``).
+"""Per-environment ring storage of raw experience (storage only: samplers in ``samplers.py`` / ``prioritized/``).
 
 Each environment ``e`` owns a ring of ``capacity`` slots. Slot ``i`` of env ``e`` holds the step written at absolute
 index ``i`` (``write_count[e]`` counts all writes, so the ring holds indices ``[write_count - capacity, write_count)``).

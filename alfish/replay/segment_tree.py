@@ -22,7 +22,7 @@ Trees on the CPU: numpy. At these sizes (a few hundred indices, a few thousand n
 whole cost of an operation, and a numpy call costs about a third of a torch call (no dispatcher, no TensorIterator
 set-up, no autograd checks). So a tree on the CPU keeps its nodes in a tensor and a numpy array that share one buffer,
 and runs the hot operations on the array: the path updates (``update_host``), ``get_host`` and prefix-sum search
-(``find_prefix_sum_host``), which take and return numpy arrays (``PrioritizedSampler`` calls them directly; the
+(``find_prefix_sum_host``), which take and return numpy arrays (``HostPrioritizedSampler`` calls them directly; the
 torch-facing ``update`` / ``get`` / ``find_prefix_sum`` convert and call them). The tensor stays the tree's state:
 ``state_dict``, ``load_state_dict`` (in place), ``rebuild``, ``leaves`` and ``summary`` are the same code on every
 device, and so is a tree on any other device (CUDA, meta), which runs the torch code below. The two paths compute the
@@ -42,6 +42,12 @@ _MAX_SEARCH_BUFFERS = 4  # batch sizes whose search buffers a host SumTree keeps
 # Trees on the CPU run the numpy paths (read at construction; tests set it False to run the torch code on CPU tensors
 # and compare the two paths bit for bit).
 NUMPY_ON_CPU = True
+
+
+def runs_on_numpy(device: torch.device) -> bool:
+    """Whether a tree on ``device`` runs its hot paths on numpy: on the CPU, unless tests switched it off
+    (``NUMPY_ON_CPU``, read at each call). ``PrioritizedSampler`` picks its implementation by the same rule."""
+    return NUMPY_ON_CPU and device.type == "cpu"
 
 
 def host_view(x: torch.Tensor) -> np.ndarray:
@@ -127,7 +133,7 @@ class SegmentTree:
         self._values = torch.full((2 * self.num_leaves,), neutral, dtype=dtype, device=self.device)
         self._top_nodes = self._values[1 << self.top:2 << self.top]  # a view of level ``top``
         self._shifts = torch.arange(0, self.depth - self.top + 1, device=self.device).unsqueeze(1)
-        self.on_host = NUMPY_ON_CPU and self.device.type == "cpu"  # numpy hot paths (see the module docstring)
+        self.on_host = runs_on_numpy(self.device)  # numpy hot paths (see the module docstring)
         if self.on_host:
             self._np = host_view(self._values)  # the same memory: every write through either is seen by the other
             self._np_shifts = np.arange(0, self.depth - self.top + 1).reshape(-1, 1)  # as ``_shifts``

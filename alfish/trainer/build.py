@@ -41,7 +41,7 @@ from alfish.learn.optim import OptimizerConfig
 from alfish.learn.threads import AUTO, set_threads
 from alfish.replay.offline.options import OfflineOptions
 from alfish.replay.offline.steps import Steps
-from alfish.replay.prioritized import PrioritizedSampler
+from alfish.replay.prioritized import make_prioritized_sampler
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.samplers import UniformSampler
 from alfish.replay.storage import make_storage
@@ -49,7 +49,6 @@ from alfish.replay.supervised_data import SupervisedData
 from alfish.rundir.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.rundir.disk import DiskWriteError, write_failure
 from alfish.rundir.run_record import resolve_snapshots, snapshot_texts, write_run_record
-from alfish.schedulers import as_scheduler
 from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
 from alfish.trainer.callbacks import CallbackList, TrainerCallback
 from alfish.trainer.counters import Counters, RunPlan
@@ -277,12 +276,8 @@ def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataT
     storage = make_storage(devices.replay_storage, spec.num_envs, config.replay_buffer_length, device=device,
                            track_episode_ends=transformer.needs_episode_ends, scratch_dir=scratch_dir)
     if config.priority_replay:
-        sampler = PrioritizedSampler(spec.num_envs, config.replay_buffer_length,
-                                     sequence_length=config.mini_batch_length,
-                                     alpha=as_scheduler(config.priority_replay_alpha),
-                                     beta=as_scheduler(config.priority_replay_beta), eps=config.priority_replay_eps,
-                                     normalize_by_max=config.normalize_importance_weights_by_max,
-                                     device=storage.device if not _reads_buffer(transformer) else "cpu")
+        sampler = make_prioritized_sampler(config, spec.num_envs, config.replay_buffer_length,
+                                           device=storage.device if not _reads_buffer(transformer) else "cpu")
     else:
         sampler = UniformSampler()
     return ReplayBuffer(storage, sampler, device=device)

@@ -29,10 +29,9 @@ from alfish.replay.offline.options import OfflineOptions
 from alfish.replay.offline.sources import load_offline_data
 from alfish.replay.offline.statistics import init_normalizers
 from alfish.replay.offline.steps import Steps, check_spaces, infer_spaces
-from alfish.replay.prioritized import PrioritizedSampler
+from alfish.replay.prioritized import make_prioritized_sampler
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.samplers import UniformSampler
-from alfish.schedulers import as_scheduler
 from alfish.trainer.counters import Counters
 from alfish.trainer.hybrid_training import HybridTraining
 from alfish.trainer.training import SampledReplayTraining, TrainingStep
@@ -114,10 +113,7 @@ def build_offline_replay(config: TrainerConfig, options: OfflineOptions, steps: 
         _warn_actions_outside(steps, spec.action_space)
     example = example_experience(algorithm, transformer, spec)
     if config.priority_replay:
-        sampler = PrioritizedSampler(1, len(steps), sequence_length=config.mini_batch_length,
-                                     alpha=as_scheduler(config.priority_replay_alpha),
-                                     beta=as_scheduler(config.priority_replay_beta), eps=config.priority_replay_eps,
-                                     normalize_by_max=config.normalize_importance_weights_by_max)
+        sampler = make_prioritized_sampler(config, 1, len(steps))
     else:
         sampler = UniformSampler()
     buffer = offline_replay_buffer(steps, example, sampler, device=device,

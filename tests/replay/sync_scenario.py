@@ -9,6 +9,7 @@ import torch
 from alfish.data.types import Experience
 from alfish.learn.sync_debug import SyncCounter
 from alfish.replay import PrioritizedSampler, ReplayBuffer, RingBuffer, UniformSampler
+from alfish.replay.prioritized import HostPrioritizedSampler
 
 # ----------------------------------------------------------------------------------------- the recorded scenario --
 NUM_ENVS, CAPACITY, BATCH, ROUNDS, SEED = 3, 16, 8, 6, 1234
@@ -96,7 +97,7 @@ class DoneEvent:
         self.waits += 1
 
 
-class DeferringSampler(PrioritizedSampler):
+class DeferringSampler(HostPrioritizedSampler):
     """Queues every update as ``update_priorities`` does for CUDA priorities with host trees (the copy is done), so
     the CPU runs the same schedule: each update applied by the second next sample."""
 

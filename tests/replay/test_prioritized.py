@@ -320,7 +320,7 @@ def test_sample_returns_experience_and_batch_info():
 
 
 # ------------------------------------------------------------------------------------- host trees: the numpy path --
-# A sampler with trees on the CPU runs numpy code (prioritized.py's module docstring); every test above goes through
+# A sampler with trees on the CPU runs numpy code (prioritized/host.py's docstring); every test above goes through
 # it. These check it against a brute-force model of the rules, and against the torch code run on the same CPU data
 # (``segment_tree.NUMPY_ON_CPU = False``), bit for bit.
 # (``torch_code`` from test_segment_tree: samplers built inside run the torch code even with their trees on the CPU.)

@@ -18,7 +18,7 @@ numpy's cumsum/searchsorted are single-threaded.
 
 Where alfish's time goes: at these sizes every call, torch or numpy, costs about the same fixed overhead whatever its
 size, so the number of calls is what counts. The sampler's trees live on the host here, so its hot paths run on numpy
-(``alfish/replay/segment_tree.py``, ``prioritized.py``): about 40 numpy calls per sample and 50 per update (one per
+(``alfish/replay/segment_tree.py``, ``prioritized/host.py``): about 40 numpy calls per sample and 50 per update (one per
 tree level and per step of the bookkeeping), each printed as ``minimal numpy call`` (``np.negative`` of 256 floats)
 plus its own work. The torch calls left are those kept for bit-identical results with the torch code (the generator's
 draws, the level-``top`` sum and the cumulative sums of the search, the powers); they are counted (aten operators
