@@ -12,10 +12,24 @@ ALFISH = pathlib.Path(__file__).resolve().parents[1] / "alfish"
 MAX_LINES = 500
 MAX_PARAMETERS = 7
 
-# Offenders outside this branch's scope (config/, bin/, replay/, collect/, evaluate/, ...), to be removed when merged
-# with the branches that reshape them: a listed name that no longer offends fails the test too, so the list shrinks.
-ALLOWED_LONG_SIGNATURES: set[str] = set()
-ALLOWED_LONG_FILES: set[str] = set()
+# to be removed when merged: offenders outside the trainer/learn/algorithms branch (collect/, envs/, evaluate/,
+# networks/, replay/, config/, rundir/), reshaped by the other branches of issue 27. A listed name that no longer
+# offends fails the test too, so the list can only shrink.
+ALLOWED_LONG_SIGNATURES: set[str] = {
+    "alfish/collect/async_child.py:_run",
+    "alfish/envs/atari.py:make_atari",
+    "alfish/evaluate/episodes.py:play_episodes",
+    "alfish/evaluate/eval_child.py:_serve",
+    "alfish/evaluate/evaluator.py:write_evaluation",
+    "alfish/networks/encoding.py:EncodingNetwork._leaf_encoder",
+    "alfish/replay/prioritized.py:PrioritizedSampler.__init__",
+}
+ALLOWED_LONG_FILES: set[str] = {  # to be removed when merged
+    "alfish/config/loading.py",
+    "alfish/config/value_checks.py",
+    "alfish/replay/prioritized.py",
+    "alfish/rundir/checkpoint.py",
+}
 
 
 def _modules() -> list[pathlib.Path]:

@@ -21,6 +21,8 @@ import torch
 from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
 from alfish.config.trainer_config import TrainerConfig
+from alfish.console.progress import Progress
+from alfish.console.signals import SignalRequests, confirm_checkpoint_on_crash
 from alfish.errors import NonFiniteLossError
 from alfish.evaluate.evaluator import EvaluatorPart, recorded_iterations
 from alfish.learn.distributed import DistContext, any_rank, check_parameters_equal, explain_collective_timeout, shutdown
@@ -35,9 +37,7 @@ from alfish.trainer.callbacks import CallbackList
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.options import RunOptions
 from alfish.trainer.profiler import NullProfiler
-from alfish.trainer.progress import Progress
 from alfish.trainer.resume import CheckpointedParts, checkpoint_contents, restore, run_meta
-from alfish.trainer.signals import SignalRequests, confirm_checkpoint_on_crash
 from alfish.trainer.summary import (
     NullSummaries,
     Summaries,

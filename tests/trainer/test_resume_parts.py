@@ -7,7 +7,6 @@ import gin
 import gymnasium as gym
 import pytest
 import torch
-from tests.rundir.test_checkpoint import _assert_nest_equal
 
 from alfish.algorithms.build import build_policy
 from alfish.collect.episode_stats import EpisodeStats
@@ -20,6 +19,7 @@ from alfish.schedulers import update_progress
 from alfish.trainer.build import build_replay_buffer, build_trainer
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.resume import CheckpointedParts, restore
+from tests.rundir.test_checkpoint import _assert_nest_equal
 
 COMMON = """
 TrainerConfig.random_seed = 3
