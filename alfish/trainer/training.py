@@ -73,9 +73,10 @@ class Sample(NamedTuple):
 
 
 def sample_batch(replay: ReplayBuffer, transformer: DataTransformer, batch_size: int, length: int) -> Sample:
-    """``batch_size`` sequences of ``length`` steps from ``replay``: sampled on the host, transformed there (the
-    transformers that read neighbouring stored steps need the host storage), copied to the training device (one
-    non_blocking copy per field), made time-major and given the experience view of the transformers."""
+    """``batch_size`` sequences of ``length`` steps from ``replay`` (the one pipeline of sampled training, hybrid
+    included): sampled where the storage is, transformed there (the transformers that read neighbouring stored steps
+    read the storage), copied to the training device (one non_blocking copy per field), made time-major and given the
+    experience view of the transformers."""
     raw, where = replay.sample(batch_size, length)
     raw = transformer.transform_sample(raw, where, replay)
     raw, on_device = replay.to_device(raw, where)
