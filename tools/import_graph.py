@@ -20,9 +20,11 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 #: The package order, lowest first: ``alfish.<name>`` may import only names before it (and itself). The top-level
-#: ``alfish`` package (its version) and the top-level modules ``errors`` and ``seeding`` are the floor.
-LAYERS = ("alfish", "errors", "seeding", "data", "config", "schedulers", "networks", "losses", "envs", "transforms",
-          "rundir", "algorithms", "replay", "learn", "collect", "evaluate", "export", "trainer", "bin", "tools")
+#: ``alfish`` package (its version) and the top-level modules ``errors`` and ``seeding`` are the floor; ``console``
+#: (signals, the crash question, the progress line) imports nothing of alfish either.
+LAYERS = ("alfish", "errors", "seeding", "console", "data", "config", "schedulers", "networks", "losses", "envs",
+          "transforms", "rundir", "algorithms", "replay", "learn", "collect", "evaluate", "export", "trainer", "bin",
+          "tools")
 
 
 def module_names(package_dir: pathlib.Path) -> dict[str, pathlib.Path]:

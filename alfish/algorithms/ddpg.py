@@ -23,6 +23,7 @@ when ``policy_delay > 1``.
 from __future__ import annotations
 
 import copy
+import inspect
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
@@ -185,21 +186,34 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             polyak_update(self.target_critics, self.critics, tau)
 
 
+#: TD3's values of the three additions (Fujimoto et al. 2018); every other default is DDPG's.
+TD3_DEFAULTS = dict(num_critics=2, target_policy_noise=0.2, policy_delay=2)
+
+
+def with_defaults(function: Callable, defaults: dict[str, Any]) -> inspect.Signature:
+    """``function``'s signature with other ``defaults`` for some of its parameters (a subclass constructor's)."""
+    signature = inspect.signature(function)  # (through gin's wrapper to the function itself)
+    return signature.replace(parameters=[p.replace(default=defaults.get(name, p.default))
+                                         for name, p in signature.parameters.items()])
+
+
+_TD3_SIGNATURE = with_defaults(DdpgAlgorithm.__init__, TD3_DEFAULTS)
+
+
 @gin.configurable
 class Td3Algorithm(DdpgAlgorithm):
     """TD3: ``DdpgAlgorithm`` with twin critics, target policy smoothing and delayed policy updates (paper values).
 
-    All of ``DdpgAlgorithm``'s arguments apply; the defaults differ only in the three TD3 additions.
+    All of ``DdpgAlgorithm``'s arguments apply; the defaults differ only in the three TD3 additions
+    (``TD3_DEFAULTS``). The constructor's signature is DDPG's with those defaults (``__signature__``): gin reads it,
+    so every ``Td3Algorithm.<DDPG parameter>`` binding is checked, used and recorded as DDPG's are.
     """
 
-    def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
-                 hidden_sizes: Sequence[int] = (256, 256), actor_lr: float | Scheduler = 1e-3,
-                 critic_lr: float | Scheduler = 1e-3, gamma: float = 0.99,
-                 target_update_tau: float | Scheduler = 0.005, target_update_period: int = 1,
-                 exploration_noise: float | Scheduler = 0.1, num_critics: int = 2,
-                 target_policy_noise: float = 0.2, target_noise_clip: float = 0.5, policy_delay: int = 2,
-                 actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
-                 critic_network_ctor: Optional[Callable[..., nn.Module]] = None):
-        super().__init__(observation_space, action_space, hidden_sizes, actor_lr, critic_lr, gamma, target_update_tau,
-                         target_update_period, exploration_noise, num_critics, target_policy_noise,
-                         target_noise_clip, policy_delay, actor_network_ctor, critic_network_ctor)
+    def __init__(self, *args: Any, **kwargs: Any):
+        bound = _TD3_SIGNATURE.bind(self, *args, **kwargs)
+        bound.apply_defaults()  # TD3's defaults, passed explicitly: no DdpgAlgorithm binding applies to a TD3
+        super().__init__(*bound.args[1:], **bound.kwargs)
+
+    __init__.__signature__ = _TD3_SIGNATURE  # what gin, help and the conf checks read
+
+

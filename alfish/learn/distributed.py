@@ -33,7 +33,7 @@ import logging
 import os
 import socket
 from collections.abc import Sequence
-from typing import Optional
+from typing import NamedTuple
 
 import gin
 import torch
@@ -156,6 +156,14 @@ def log_job_totals(ctx: DistContext, envs_per_rank: int, mini_batch_size: int | 
                 None if mini_batch_size is None else mini_batch_size * ctx.world_size)
 
 
+class HybridBatch(NamedTuple):
+    """Two batches trained as one loss (ALF's hybrid training): ``mean(loss of offline) + mean(loss of online)``, in
+    one forward (``sum_losses``). The ``BatchInfo`` an update gets with it describes both, ``offline``'s rows first."""
+
+    offline: Experience  # [L, B1]
+    online: Experience  # [L, B2]
+
+
 class LossModule(nn.Module):
     """The module DDP wraps: its forward computes an algorithm's loss on a time-major batch, so the backward of that
     loss all-reduces the gradients (once per update)."""
@@ -164,11 +172,11 @@ class LossModule(nn.Module):
         super().__init__()
         self.algorithm = algorithm
 
-    def forward(self, exp: Experience, rl_exp: Optional[Experience] = None) -> LossInfo:
-        """The loss of ``exp``; with ``rl_exp`` (ALF's hybrid training: ``exp`` offline, ``rl_exp`` online) the sum of
-        the two losses' means, in one graph (see ``sum_losses``)."""
-        loss_info = self._loss(exp)
-        return loss_info if rl_exp is None else sum_losses(loss_info, self._loss(rl_exp))
+    def forward(self, batch: Experience | HybridBatch) -> LossInfo:
+        """The loss of ``batch``; of a ``HybridBatch``, the sum of its two losses' means, in one graph."""
+        if isinstance(batch, HybridBatch):
+            return sum_losses(self._loss(batch.offline), self._loss(batch.online))
+        return self._loss(batch)
 
     def _loss(self, exp: Experience) -> LossInfo:
         train_info = self.algorithm.train_step(exp).info

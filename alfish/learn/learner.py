@@ -12,6 +12,7 @@ parameter publishes and evaluations); summaries are device tensors read by the w
 Two entry points, one shared step:
 
     learner.update(batch [L, B], batch_info)      # off-policy: train_step + calc_loss in the (DDP) loss module
+                                                  # (a HybridBatch: offline + online losses summed in that forward)
     with learner.loss_context():                  # on-policy: the loss was built during the unroll, outside DDP
         loss_info = algorithm.calc_loss(trajectory, None)
     learner.apply(loss_info)
@@ -32,7 +33,7 @@ from alfish.data.types import BatchInfo, Experience, LossInfo
 from alfish.errors import NonFiniteLossError, OneLineValueError
 from alfish.learn.amp import AmpPolicy
 from alfish.learn.diagnostics import Diagnostics, squared_norm
-from alfish.learn.distributed import DistContext, allreduce_gradients, wrap_for_ddp
+from alfish.learn.distributed import DistContext, HybridBatch, allreduce_gradients, wrap_for_ddp
 from alfish.learn.finite_guard import NonFiniteGuard
 from alfish.learn.optim import OptimizerConfig
 from alfish.schedulers import split_lr_schedules, update_optimizer_lrs
@@ -126,25 +127,23 @@ class Learner:
         ``calc_loss`` on the unroll, which is then handed to ``apply``."""
         return self.amp.autocast()
 
-    def update(self, batch: Experience, batch_info: BatchInfo | None = None,
-               rl_batch: Experience | None = None) -> LossInfo:
+    def update(self, batch: Experience | HybridBatch, batch_info: BatchInfo | None = None) -> LossInfo:
         """One gradient step on a time-major batch ``[L, B, ...]``: ``train_step`` + ``calc_loss`` in the loss module
         under autocast (under DDP its backward all-reduces the gradients), then the shared step.
 
+        batch: one ``Experience``, or a ``HybridBatch`` whose two losses the loss module sums (ALF's hybrid training;
+        ``batch_info`` then describes both, offline rows first).
         batch_info: where the batch came from; its ``importance_weights [B]`` (prioritized replay) weight the
         per-sample loss. Returns ``calc_loss``'s LossInfo (per-sample loss, new priorities ``[B]`` if any).
-        rl_batch: ALF's hybrid training: an online batch whose loss is added to that of ``batch`` (offline), in the
-        same forward (``LossModule``); ``batch_info`` then describes both, ``batch``'s rows first.
 
         Raises:
             NonFiniteLossError: when a read of the guard is due (see ``finite_check_interval``) and this or an
                 earlier update since the last read had a NaN/inf loss; this update changed nothing.
         """
-        diagnosed = self._diagnosed()
         # A diagnosed update runs eagerly: compiled code would recompile for the hooks and the second backward.
-        compute = self.loss_module if diagnosed or rl_batch is not None else self._compute_loss
+        compute = self.loss_module if self._diagnosed() else self._compute_loss
         with self.amp.autocast(), self.capturing_outputs():
-            loss_info = compute(batch) if rl_batch is None else compute(batch, rl_batch)
+            loss_info = compute(batch)
         return self._step(loss_info, batch_info, allreduce=False)
 
     def apply(self, loss_info: LossInfo, batch_info: BatchInfo | None = None) -> LossInfo:
@@ -349,8 +348,9 @@ class CompiledLoss:
             raise OneLineValueError(f"Learner.compile_mode='{mode}': {str(err).splitlines()[0]} (or None: eager)"
                                     ) from None
 
-    def __call__(self, batch: Experience) -> LossInfo:
-        if self.compiled is not None:
+    def __call__(self, batch: Experience | HybridBatch) -> LossInfo:
+        # A HybridBatch (two forwards in one) runs eagerly, as a diagnosed update: compiled, it would be a second graph
+        if self.compiled is not None and not isinstance(batch, HybridBatch):
             try:
                 return self._run_compiled(batch)
             except Exception as err:  # noqa: BLE001  (any compiler failure: train eagerly instead)

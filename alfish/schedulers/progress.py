@@ -18,7 +18,7 @@ PROGRESS_TYPES: tuple[str, ...] = ('percent', 'iterations', 'env_steps')
 class TrainingProgress:
     """How far the run is: iterations, env steps and the fraction done ('percent').
 
-    (Named apart from ``alfish.trainer.progress.Progress``, the progress bar.) One process-wide instance is returned
+    (Named apart from ``alfish.console.progress.Progress``, the progress bar.) One process-wide instance is returned
     by `progress_record()`; the module functions `update_progress`, `get_progress` and `reset_progress` act on it.
 
     'percent' is the last `fraction` given; when an update gives no fraction but a total is known (given in this or

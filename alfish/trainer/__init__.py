@@ -1,5 +1,6 @@
-"""The run: assembly of the parts (build.py), the flag-free loop (trainer.py) and what surrounds it: training steps,
-counters, resume, evaluation, checkpoints, signals, summaries, progress."""
+"""The run: assembly of the parts (build.py), the flag-free loop (trainer.py) and the training strategies
+(training.py, hybrid_training.py, supervised_training.py), with what the loop keeps: counters, what a checkpoint holds
+and how a run resumes, summaries, the profiler, callbacks. Signals and the progress line are ``alfish.console``'s."""
 
 __all__ = ["Trainer", "build_trainer"]
 

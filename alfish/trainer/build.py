@@ -12,6 +12,7 @@ training loop has no branch on them.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -31,6 +32,7 @@ from alfish.envs.spec import EnvSpec
 from alfish.evaluate.async_evaluator import AsyncEvaluator, EvalSpec, gin_constants
 from alfish.evaluate.eval_video import EvalVideo, check_video_support
 from alfish.evaluate.evaluator import Evaluator, EvaluatorPart
+from alfish.evaluate.null_evaluator import NullEvaluator
 from alfish.learn.amp import AmpPolicy
 from alfish.learn.device import CPU, DevicePolicy
 from alfish.learn.diagnostics import Diagnostics
@@ -39,6 +41,7 @@ from alfish.learn.host_memory import keep_freed_host_memory
 from alfish.learn.learner import Learner
 from alfish.learn.optim import OptimizerConfig
 from alfish.learn.threads import AUTO, set_threads
+from alfish.replay.null_replay import NullReplay
 from alfish.replay.offline.options import OfflineOptions
 from alfish.replay.offline.steps import Steps
 from alfish.replay.prioritized import make_prioritized_sampler
@@ -66,12 +69,39 @@ from alfish.trainer.offline_parts import (
 from alfish.trainer.options import RunOptions
 from alfish.trainer.profiler import IterationProfiler, NullProfiler
 from alfish.trainer.resume import choose_resume_point
-from alfish.trainer.summary import NullSummaries, Summaries
+from alfish.trainer.summary import GlobalStep, NullSummaries, Summaries
 from alfish.trainer.supervised_training import SupervisedTraining
 from alfish.trainer.trainer import Trainer
-from alfish.trainer.training import OnPolicyTraining, SampledReplayTraining, TrainingStep, WholeBufferTraining
+from alfish.trainer.training import (
+    OnPolicyTraining,
+    ReplaySettings,
+    SampledReplayTraining,
+    StepParts,
+    TrainingStep,
+    WholeBufferTraining,
+)
 from alfish.trainer.warm_start import WarmStart
 from alfish.transforms.base import STAGE_READS_BUFFER, DataTransformer
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSetup:
+    """What ``build_trainer`` settles before the parts are built: the config and options, where the job runs, its
+    checkpoints and resume point, its seeds (``rank_seed``: this rank's), and the data it trains on instead of or
+    besides envs (offline data, supervised data; ``None``: none)."""
+
+    config: TrainerConfig
+    options: RunOptions
+    dist: DistContext
+    devices: DevicePolicy
+    device: torch.device
+    checkpointer: Checkpointer
+    resume_from: Optional[LoadedCheckpoint]
+    seed: int
+    rank_seed: int
+    offline_options: Optional[OfflineOptions] = None
+    offline_steps: Optional[Steps] = None
+    supervised_data: Optional[SupervisedData] = None
 
 
 def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, fresh: bool = False) -> Trainer:
@@ -96,32 +126,33 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
     offline_options = OfflineOptions() if config.offline_buffer_dir is not None else None
     if offline_options is not None:  # (before loading: the config alone decides these)
         check_offline_combinations(config, offline_options, _declared_on_policy(config), "")
-    offline_steps = load_sources(config, offline_options) if offline_options is not None else None
-    supervised_data = SupervisedData() if config.ml_type == "sl" else None
-    if supervised_data is not None:  # no env: the data's spaces stand for the env's
-        collector = NoCollector(EnvSpec(supervised_data.input_space, supervised_data.target_space, 1))
-    elif offline_steps is not None and is_pure_offline(config):
-        collector = build_offline_collector(offline_spec(offline_steps))  # no training env at all
+    setup = RunSetup(config=config, options=options, dist=dist, devices=devices, device=device,
+                     checkpointer=checkpointer, resume_from=resume_from, seed=seed, rank_seed=rank_seed,
+                     offline_options=offline_options,
+                     offline_steps=load_sources(config, offline_options) if offline_options is not None else None,
+                     supervised_data=SupervisedData() if config.ml_type == "sl" else None)
+    if setup.supervised_data is not None:  # no env: the data's spaces stand for the env's
+        data = setup.supervised_data
+        collector = NoCollector(EnvSpec(data.input_space, data.target_space, 1))
+    elif setup.offline_steps is not None and is_pure_offline(config):
+        collector = build_offline_collector(offline_spec(setup.offline_steps))  # no training env at all
     else:
         collector = build_collector(config, options, rank_seed, device)
     try:
-        return _assemble(config, options, dist, device, devices, checkpointer, resume_from, seed, rank_seed,
-                         collector, offline_options, offline_steps, supervised_data)
+        return _assemble(setup, collector)
     except BaseException:
         collector.close()  # the async child, the envs
         raise
 
 
-def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, device: torch.device,
-              devices: DevicePolicy, checkpointer: Checkpointer, resume_from: Optional[LoadedCheckpoint], seed: int,
-              rank_seed: int, collector: Collector, offline_options: Optional[OfflineOptions] = None,
-              offline_steps: Optional[Steps] = None, supervised_data: Optional[SupervisedData] = None) -> Trainer:
+def _assemble(setup: RunSetup, collector: Collector) -> Trainer:
+    config, options, dist = setup.config, setup.options, setup.dist
     spec = collector.spec
     transformer, algorithm = build_policy(config, spec)
     algorithm.debug_summaries = config.debug_summaries  # its calc_loss adds debug/... terms (summaries only)
     check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
-    if offline_options is not None:
-        check_offline_combinations(config, offline_options, algorithm.on_policy, type(algorithm).__name__)
+    if setup.offline_options is not None:
+        check_offline_combinations(config, setup.offline_options, algorithm.on_policy, type(algorithm).__name__)
     if options.num_threads == AUTO:
         children = int(config.async_unroll) + int(config.evaluate and config.async_eval and dist.is_main)
         set_threads(AUTO, algorithm, training_batch_rows(config, spec.num_envs, algorithm.on_policy), children)
@@ -129,44 +160,61 @@ def _assemble(config: TrainerConfig, options: RunOptions, dist: DistContext, dev
         check_random_actions_storable(algorithm, transformer, spec)
     total_envs = spec.num_envs * dist.world_size  # num_parallel_environments and mini_batch_size are per rank
     log_job_totals(dist, spec.num_envs, config.mini_batch_size)
-    learner = Learner(algorithm, OptimizerConfig(), AmpPolicy(config.enable_amp, device.type), dist, device)
-    transformer.to(device)  # normalizer statistics are used in training, on the device
+    learner = Learner(algorithm, OptimizerConfig(), AmpPolicy(config.enable_amp, setup.device.type), dist,
+                      setup.device)
+    transformer.to(setup.device)  # normalizer statistics are used in training, on the device
     counters = Counters()
-    pure_offline = isinstance(collector, NoCollector)
-    replay = None
-    if not algorithm.on_policy and not pure_offline:
-        replay = build_replay_buffer(config, spec, transformer, devices, device)
-    if supervised_data is not None:
-        training = SupervisedTraining(collector, learner, algorithm, supervised_data,
-                                      config.num_updates_per_train_iter, config.mini_batch_size, rank_seed)
-    elif offline_steps is None:
-        training = build_training_step(config, collector, learner, algorithm, replay, transformer, total_envs,
-                                       config.mini_batch_size)
-    else:
-        offline = build_offline_replay(config, offline_options, offline_steps, algorithm, transformer, spec, device)
-        replay = combine_replay(replay, offline, offline_options)
-        training = build_offline_training_step(config, offline_options, collector, learner, algorithm, replay,
-                                               transformer, counters, total_envs)
-    plan = RunPlan(config, total_envs)
-    summaries = NullSummaries()  # rank 0 alone writes files
-    if dist.is_main:
-        summaries = Summaries(config.root_dir, plan.summary_interval, config.summarize_first_interval,
-                              config.summaries_flush_secs, config.summary_max_queue,
-                              global_step=(lambda: learner.num_updates) if config.update_counter_every_mini_batch
-                              else None, interval_counts_global_step=config.num_summaries is None,
-                              csv_path=os.path.join(config.root_dir, "scalars.csv") if options.scalars_csv else None)
+    replay, training = build_replay_and_training(setup, StepParts(collector, learner, algorithm, transformer),
+                                                 counters, total_envs)
+    plan = RunPlan(config, total_envs, evaluates=config.evaluate and dist.is_main)
+    summaries = build_summaries(config, options, dist, plan, learner)
     if config.summarize_gradient_noise_scale or config.summarize_output:  # measured inside the summarized updates
         learner.diagnostics = Diagnostics(algorithm, config.summarize_gradient_noise_scale, config.summarize_output,
                                           lambda update: summaries.due_for_update(counters.iteration + 1, update))
-    evaluator = build_evaluator(config, seed, transformer, spec) if config.evaluate and dist.is_main else None
+    evaluator = build_evaluator(config, setup.seed, transformer, spec) if plan.evaluates else NullEvaluator()
     profiler = NullProfiler()
     if dist.is_main:
         profiler = record_code(config, options, summaries)
     return Trainer(config=config, options=options, dist=dist, plan=plan, counters=counters, collector=collector,
                    replay=replay, learner=learner, training=training, algorithm=algorithm, transformer=transformer,
-                   evaluator=evaluator, summaries=summaries, checkpointer=checkpointer, seed=seed,
-                   rank_seed=rank_seed, resume_from=resume_from, profiler=profiler,
-                   callbacks=build_callbacks(config, options, dist, seed))
+                   evaluator=evaluator, summaries=summaries, checkpointer=setup.checkpointer, seed=setup.seed,
+                   rank_seed=setup.rank_seed, resume_from=setup.resume_from, profiler=profiler,
+                   callbacks=build_callbacks(config, options, dist, setup.seed))
+
+
+def build_replay_and_training(setup: RunSetup, parts: StepParts, counters: Counters,
+                              total_envs: int) -> tuple[ReplayBuffer | NullReplay, TrainingStep]:
+    """The replay part the trainer holds (fills, checkpoints) and the training step that trains from it: the online
+    buffer of an off-policy algorithm that has envs, joined by the offline data when there is some; a ``NullReplay``
+    when nothing is stored (on-policy, supervised)."""
+    config = setup.config
+    if setup.supervised_data is not None:
+        return NullReplay(), SupervisedTraining(parts, setup.supervised_data, config.num_updates_per_train_iter,
+                                                config.mini_batch_size, setup.rank_seed)
+    online = None
+    if not parts.algorithm.on_policy and not isinstance(parts.collector, NoCollector):
+        online = build_replay_buffer(config, parts.collector.spec, parts.transformer, setup.devices, setup.device)
+    if setup.offline_steps is None:
+        training = build_training_step(config, parts, online, total_envs)
+        return (online if online is not None else NullReplay()), training
+    offline = build_offline_replay(config, setup.offline_options, setup.offline_steps, parts.algorithm,
+                                   parts.transformer, parts.collector.spec, setup.device)
+    replay = combine_replay(online, offline, setup.offline_options)
+    return replay, build_offline_training_step(config, setup.offline_options, parts, replay, counters, total_envs)
+
+
+def build_summaries(config: TrainerConfig, options: RunOptions, dist: DistContext, plan: RunPlan,
+                    learner: Learner) -> Summaries | NullSummaries:
+    """TensorBoard (and with ``Trainer.scalars_csv`` CSV) summaries, written by rank 0 alone."""
+    if not dist.is_main:
+        return NullSummaries()
+    global_step = None
+    if config.update_counter_every_mini_batch:  # ALF's global counter: the update count
+        global_step = GlobalStep(lambda: learner.num_updates,
+                                 interval_counts_global_step=config.num_summaries is None)
+    return Summaries(config.root_dir, plan.summary_interval, config.summarize_first_interval,
+                     config.summaries_flush_secs, config.summary_max_queue, global_step=global_step,
+                     csv_path=os.path.join(config.root_dir, "scalars.csv") if options.scalars_csv else None)
 
 
 def build_callbacks(config: TrainerConfig, options: RunOptions, dist: DistContext, seed: int) -> CallbackList:
@@ -288,17 +336,15 @@ def _reads_buffer(transformer: DataTransformer) -> bool:
     return any(getattr(t, "stage", None) == STAGE_READS_BUFFER for t in parts)
 
 
-def build_training_step(config: TrainerConfig, collector: Collector, learner: Learner, algorithm: Algorithm,
-                        replay: Optional[ReplayBuffer], transformer: DataTransformer, total_envs: int,
-                        mini_batch_size: Optional[int]) -> TrainingStep:
-    """On-policy: train on the unroll. Off-policy: from replay, sampled or over the whole buffer."""
+def build_training_step(config: TrainerConfig, parts: StepParts, replay: Optional[ReplayBuffer],
+                        total_envs: int) -> TrainingStep:
+    """On-policy (no ``replay``): train on the unroll. Off-policy: from replay, sampled or over the whole buffer."""
     if replay is None:
-        return OnPolicyTraining(collector, learner, algorithm, transformer)
-    args = (collector, learner, algorithm, replay, transformer, config.initial_collect_steps, config.num_env_steps,
-            total_envs, config.num_updates_per_train_iter, mini_batch_size, config.mini_batch_length)
+        return OnPolicyTraining(parts)
+    settings = ReplaySettings.of(config, total_envs)
     if config.whole_replay_buffer_training:
-        return WholeBufferTraining(*args, clear=config.clear_replay_buffer)
-    return SampledReplayTraining(*args)
+        return WholeBufferTraining(parts, replay, settings, clear=config.clear_replay_buffer)
+    return SampledReplayTraining(parts, replay, settings)
 
 
 def build_evaluator(config: TrainerConfig, seed: int, transformer: DataTransformer, spec: EnvSpec) -> EvaluatorPart:

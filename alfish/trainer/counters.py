@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import Optional
 
 from alfish.collect.collector import ProgressPoint
 from alfish.config.trainer_config import TrainerConfig
@@ -45,13 +46,15 @@ class RunPlan:
     """The run's length and the iterations at which evaluations and checkpoints fall, for ``total_envs`` envs (all
     ranks)."""
 
-    def __init__(self, config: TrainerConfig, total_envs: int):
+    def __init__(self, config: TrainerConfig, total_envs: int, evaluates: Optional[bool] = None):
         self.config = config
         self.total_envs = total_envs
         self.expected_iterations = config.expected_num_iterations(total_envs)
         self.checkpoint_iterations = set(config.checkpoint_iterations(total_envs))
         self.eval_interval = config.resolved_eval_interval(total_envs)
         self.summary_interval = config.resolved_summary_interval(total_envs)
+        # whether this process evaluates (None: TrainerConfig.evaluate); where it does not, no evaluation is ever due
+        self.evaluates = config.evaluate if evaluates is None else evaluates
 
     def finished(self, counters: Counters) -> bool:
         """``num_iterations`` or ``num_env_steps`` reached (whichever limit is set and comes first)."""
@@ -65,7 +68,11 @@ class RunPlan:
                              min(1.0, counters.iteration / max(1, self.expected_iterations)))
 
     def evaluation_due(self, iteration: int) -> bool:
-        return iteration % self.eval_interval == 0
+        return self.evaluates and iteration % self.eval_interval == 0
+
+    def final_evaluation_due(self, iteration: int) -> bool:
+        """The run ends with an evaluation of its final policy, unless one was made at this ``iteration``."""
+        return self.evaluates and iteration % self.eval_interval != 0
 
     def checkpoint_due(self, iteration: int) -> bool:
         return iteration in self.checkpoint_iterations

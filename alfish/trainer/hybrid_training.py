@@ -13,58 +13,58 @@ RLPD's scheme (one loss on batches mixing both) needs no step of its own: it is 
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import Optional
 
 import torch
 
-from alfish.algorithms.base import Algorithm
-from alfish.collect.collector import Collector
 from alfish.data.types import BatchInfo
-from alfish.learn.distributed import merge_statistics_across_ranks
-from alfish.learn.learner import Learner
-from alfish.replay.batching import to_time_major
+from alfish.learn.distributed import HybridBatch, merge_statistics_across_ranks
 from alfish.replay.offline.mixed import MixedReplayBuffer
 from alfish.replay.offline.offline_buffer import OfflineReplayBuffer
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.trainer.counters import Counters
-from alfish.trainer.training import TrainingStep
-from alfish.transforms.base import DataTransformer
+from alfish.trainer.training import ReplaySettings, Sample, StepParts, TrainingStep, sample_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class RlSchedule:
+    """When the RL part trains: from iteration ``rl_train_after_update_steps`` on, at the iterations divisible by
+    ``rl_train_every_update_steps`` (ALF's ``TrainerConfig`` names)."""
+
+    rl_train_after_update_steps: int
+    rl_train_every_update_steps: int
 
 
 class HybridTraining(TrainingStep):
     """See the module docstring.
 
     Args:
-        offline: the offline data.
-        online: the online buffer (``None`` for pure offline training), and ``mixture`` the buffer the trainer
-            checkpoints that holds both (it counts the sequences drawn from each part).
+        replay: the offline data alone (pure offline training), or the ``MixedReplayBuffer`` of the online buffer and
+            the offline data that the trainer checkpoints (it counts the sequences drawn from each part).
         counters: the run's counters (the iteration decides whether the RL part trains).
-        initial_collect_steps, total_envs: as ``ReplayTraining`` (env steps over the job; envs over all ranks).
+        settings: the warm-up (``initial_collect_steps``, ``total_envs``) and the mini-batches; ``num_env_steps`` is
+            not read.
     """
 
-    def __init__(self, collector: Collector, learner: Learner, algorithm: Algorithm, transformer: DataTransformer,
-                 offline: OfflineReplayBuffer, online: Optional[ReplayBuffer], mixture: Optional[MixedReplayBuffer],
-                 counters: Counters, rl_train_after_update_steps: int, rl_train_every_update_steps: int,
-                 initial_collect_steps: int, total_envs: int, num_updates_per_train_iter: int, mini_batch_size: int,
-                 mini_batch_length: int):
-        super().__init__(collector, learner, algorithm)
-        self.transformer, self.offline, self.online, self.mixture = transformer, offline, online, mixture
-        self.counters = counters
-        self.rl_after, self.rl_every = rl_train_after_update_steps, rl_train_every_update_steps
-        self.initial_collect_steps, self.total_envs = initial_collect_steps, total_envs
-        self.num_updates, self.mini_batch_size, self.mini_batch_length = (num_updates_per_train_iter, mini_batch_size,
-                                                                          mini_batch_length)
+    def __init__(self, parts: StepParts, replay: OfflineReplayBuffer | MixedReplayBuffer, counters: Counters,
+                 settings: ReplaySettings, schedule: RlSchedule):
+        super().__init__(parts)
+        self.mixture = replay if isinstance(replay, MixedReplayBuffer) else None
+        self.offline = replay.offline if self.mixture is not None else replay
+        self.online = replay.online if self.mixture is not None else None
+        self.counters, self.settings, self.schedule = counters, settings, schedule
         self.updates = {"offline": 0, "rl": 0}  # updates that trained each part (this process's run)
 
     # ------------------------------------------------------------------------------------------------ schedule ----
     def rl_started(self, iteration: int) -> bool:
-        return self.online is not None and iteration >= self.rl_after
+        return self.online is not None and iteration >= self.schedule.rl_train_after_update_steps
 
     def rl_due(self, iteration: int) -> bool:
         """ALF's rule: ``counter >= rl_train_after_update_steps and counter % rl_train_every_update_steps == 0``."""
-        return self.rl_started(iteration) and iteration % self.rl_every == 0
+        return self.rl_started(iteration) and iteration % self.schedule.rl_train_every_update_steps == 0
 
     def steps_before_training(self, counters: Counters) -> int:
         """The warm-up, once the RL part has started (else nothing)."""
@@ -72,8 +72,8 @@ class HybridTraining(TrainingStep):
 
     def _warm_up_steps(self) -> int:
         stored = int(self.online.num_stored().min())
-        target = math.ceil(self.initial_collect_steps / self.total_envs)
-        return max(0, max(target, self.mini_batch_length) - stored)
+        target = math.ceil(self.settings.initial_collect_steps / self.settings.total_envs)
+        return max(0, max(target, self.settings.mini_batch_length) - stored)
 
     # ------------------------------------------------------------------------------------------------ training ----
     def _collect_and_train(self, steps_per_env: int) -> int:
@@ -89,35 +89,32 @@ class HybridTraining(TrainingStep):
             self.timing["unroll_s"] = time.monotonic() - start
         merge_statistics_across_ranks(self.transformer, self.learner.dist)
         rl_due = self.rl_due(iteration)
-        for _ in range(self.num_updates):
+        for _ in range(self.settings.num_updates_per_train_iter):
             self._update(rl_due)
         return collected
 
     def _update(self, rl_due: bool) -> None:
-        batch, info = self._batch(self.offline)
-        self.last_actions = batch.action, batch.step_type
+        offline = self._sample(self.offline)
+        self.last_actions = offline.batch.action, offline.batch.step_type
         if not rl_due:
-            loss_info = self.learner.update(batch, info)
-            self.offline.update_priorities(info, loss_info.priority)
-            self._count(0, self.mini_batch_size)
+            loss_info = self.learner.update(offline.batch, offline.info)
+            self.offline.update_priorities(offline.where, loss_info.priority)
+            self._count(0, self.settings.mini_batch_size)
             return
-        rl_batch, rl_info = self._batch(self.online)
-        both = BatchInfo(env_ids=torch.cat([info.env_ids, rl_info.env_ids]),
-                         positions=torch.cat([info.positions, rl_info.positions]),
-                         importance_weights=_cat_weights(info, rl_info))
-        loss_info = self.learner.update(batch, both, rl_batch=rl_batch)
-        self.last_actions = rl_batch.action, rl_batch.step_type  # the online batch: rollout actions
+        online = self._sample(self.online)
+        both = BatchInfo(env_ids=torch.cat([offline.where.env_ids, online.where.env_ids]),
+                         positions=torch.cat([offline.where.positions, online.where.positions]),
+                         importance_weights=_cat_weights(offline.info, online.info))
+        loss_info = self.learner.update(HybridBatch(offline=offline.batch, online=online.batch), both)
+        self.last_actions = online.batch.action, online.batch.step_type  # the online batch: rollout actions
         if isinstance(loss_info.priority, torch.Tensor):
-            n = self.mini_batch_size
-            self.offline.update_priorities(info, loss_info.priority[:n])
-            self.online.update_priorities(rl_info, loss_info.priority[n:])
-        self._count(self.mini_batch_size, self.mini_batch_size)
+            n = self.settings.mini_batch_size
+            self.offline.update_priorities(offline.where, loss_info.priority[:n])
+            self.online.update_priorities(online.where, loss_info.priority[n:])
+        self._count(self.settings.mini_batch_size, self.settings.mini_batch_size)
 
-    def _batch(self, buffer: ReplayBuffer):
-        raw, info = buffer.sample(self.mini_batch_size, self.mini_batch_length)
-        raw = self.transformer.transform_sample(raw, info, buffer)
-        raw, on_device = buffer.to_device(raw, info)
-        return self.transformer.transform_experience(to_time_major(raw)), on_device
+    def _sample(self, buffer: ReplayBuffer) -> Sample:
+        return sample_batch(buffer, self.transformer, self.settings.mini_batch_size, self.settings.mini_batch_length)
 
     def _count(self, online: int, offline: int) -> None:
         self.updates["offline"] += 1

@@ -22,7 +22,6 @@ from alfish.collect.no_collector import NoCollector
 from alfish.config.trainer_config import TrainerConfig
 from alfish.envs.batched_env import create_environment
 from alfish.envs.spec import EnvSpec
-from alfish.learn.learner import Learner
 from alfish.replay.offline.mixed import MixedReplayBuffer
 from alfish.replay.offline.offline_buffer import OfflineReplayBuffer, concatenate, offline_replay_buffer
 from alfish.replay.offline.options import OfflineOptions
@@ -33,8 +32,8 @@ from alfish.replay.prioritized import make_prioritized_sampler
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.samplers import UniformSampler
 from alfish.trainer.counters import Counters
-from alfish.trainer.hybrid_training import HybridTraining
-from alfish.trainer.training import SampledReplayTraining, TrainingStep
+from alfish.trainer.hybrid_training import HybridTraining, RlSchedule
+from alfish.trainer.training import ReplaySettings, SampledReplayTraining, StepParts, TrainingStep
 from alfish.transforms.base import DataTransformer
 
 
@@ -133,21 +132,16 @@ def combine_replay(online: Optional[ReplayBuffer], offline: OfflineReplayBuffer,
     return MixedReplayBuffer(online, offline, fraction)
 
 
-def build_offline_training_step(config: TrainerConfig, options: OfflineOptions, collector: Collector,
-                                learner: Learner, algorithm: Algorithm, replay, transformer: DataTransformer,
-                                counters: Counters, total_envs: int) -> TrainingStep:
+def build_offline_training_step(config: TrainerConfig, options: OfflineOptions, parts: StepParts,
+                                replay: OfflineReplayBuffer | MixedReplayBuffer, counters: Counters,
+                                total_envs: int) -> TrainingStep:
     """ALF's scheme (pure offline included): ``HybridTraining``; RLPD's: sampled training over the mixture."""
+    settings = ReplaySettings.of(config, total_envs)
     if options.mixing == "mixed" and isinstance(replay, MixedReplayBuffer):
-        return SampledReplayTraining(collector, learner, algorithm, replay, transformer, config.initial_collect_steps,
-                                     config.num_env_steps, total_envs, config.num_updates_per_train_iter,
-                                     config.mini_batch_size, config.mini_batch_length)
-    mixture = replay if isinstance(replay, MixedReplayBuffer) else None
-    offline = replay.offline if mixture is not None else replay
-    online = replay.online if mixture is not None else None
-    return HybridTraining(collector, learner, algorithm, transformer, offline, online, mixture, counters,
-                          config.rl_train_after_update_steps, config.rl_train_every_update_steps,
-                          config.initial_collect_steps, total_envs, config.num_updates_per_train_iter,
-                          config.mini_batch_size, config.mini_batch_length)
+        return SampledReplayTraining(parts, replay, settings)
+    schedule = RlSchedule(rl_train_after_update_steps=config.rl_train_after_update_steps,
+                          rl_train_every_update_steps=config.rl_train_every_update_steps)
+    return HybridTraining(parts, replay, counters, settings, schedule)
 
 
 def _warn_actions_outside(steps: Steps, space: gym.spaces.Box) -> None:

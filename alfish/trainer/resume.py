@@ -20,6 +20,7 @@ evaluation log are moved to ``<root_dir>/before-fresh-<time>/`` first. Nothing i
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -35,6 +36,7 @@ from alfish.collect.episode_stats import EpisodeStats
 from alfish.envs.spec import EnvSpec
 from alfish.learn.distributed import DistContext, broadcast_object
 from alfish.learn.learner import Learner
+from alfish.replay.null_replay import NullReplay
 from alfish.replay.offline.steps import space_to_json
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.rundir.checkpoint import Checkpointer, CheckpointError, CheckpointWriteError, LoadedCheckpoint
@@ -72,29 +74,43 @@ def job_world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def checkpoint_contents(*, algorithm: Algorithm, transformer: DataTransformer, learner: Learner, counters: Counters,
-                        stats: EpisodeStats, replay: Optional[ReplayBuffer], seed: int,
-                        world_size: Optional[int] = None, spec: Optional[EnvSpec] = None,
+@dataclasses.dataclass(frozen=True)
+class CheckpointedParts:
+    """The parts whose state a checkpoint holds and ``restore`` puts back. ``replay``: the buffer, left out of the
+    checkpoint when ``None`` or when its state is empty (``NullReplay``: a run that stores no experience); ``spec``:
+    the env's spaces (recorded with the buffer's field names, ``meta['replay_layout']``, so that the buffer can be
+    read as an offline dataset)."""
+
+    algorithm: Algorithm
+    transformer: DataTransformer
+    learner: Learner
+    counters: Counters
+    stats: EpisodeStats
+    replay: Optional[ReplayBuffer | NullReplay]
+    spec: EnvSpec
+
+
+def checkpoint_contents(parts: CheckpointedParts, seed: int, world_size: Optional[int] = None,
                         collector_state: Optional[dict] = None,
                         pending_evaluations: Optional[list] = None) -> tuple[dict, dict]:
-    """``(tensors, meta)`` for ``Checkpointer.save``; ``replay=None`` leaves the buffer out. ``world_size``: the
-    job's number of ranks (``None``: read from the process group). ``spec``: the env's spaces, recorded with the
-    replay buffer's field names (``meta['replay_layout']``) so the buffer can be read as an offline dataset.
-    ``collector_state``: the envs' episodes in flight and the unroll's state (``Collector.state_dict``), for an
-    exact resume. ``pending_evaluations``: asynchronous evaluations sent and not yet recorded (re-run on resume)."""
+    """``(tensors, meta)`` for ``Checkpointer.save``. ``world_size``: the job's number of ranks (``None``: read from
+    the process group). ``collector_state``: the envs' episodes in flight and the unroll's state
+    (``Collector.state_dict``), for an exact resume. ``pending_evaluations``: asynchronous evaluations sent and not
+    yet recorded (re-run on resume)."""
     rng_tensors, rng_meta = capture_rng_state()
-    tensors = dict(algorithm=algorithm.state_dict(), transformers=transformer.state_dict(),
-                   learner=learner.state_dict(), rng=rng_tensors)
-    if replay is not None:
-        tensors["replay"] = replay.state_dict()
+    tensors = dict(algorithm=parts.algorithm.state_dict(), transformers=parts.transformer.state_dict(),
+                   learner=parts.learner.state_dict(), rng=rng_tensors)
+    replay_state = parts.replay.state_dict() if parts.replay is not None else {}
+    if replay_state:
+        tensors["replay"] = replay_state
     if collector_state is not None:
         tensors["collector"] = collector_state
     if pending_evaluations:
         tensors["pending_evaluations"] = pending_evaluations
-    meta = dict(run_meta(counters, seed, world_size), num_episodes=stats.num_episodes, rng=rng_meta,
-                reproducibility=reproducibility_settings(learner))
-    if replay is not None and spec is not None:
-        meta["replay_layout"] = replay_layout(replay, spec)
+    meta = dict(run_meta(parts.counters, seed, world_size), num_episodes=parts.stats.num_episodes, rng=rng_meta,
+                reproducibility=reproducibility_settings(parts.learner))
+    if replay_state:
+        meta["replay_layout"] = replay_layout(parts.replay, parts.spec)
     return tensors, meta
 
 
@@ -130,9 +146,7 @@ def replay_layout(replay: ReplayBuffer, spec: EnvSpec) -> dict:
             "action_space": space_to_json(spec.action_space)}
 
 
-def restore(ckpt: LoadedCheckpoint, *, algorithm: Algorithm, transformer: DataTransformer, learner: Learner,
-            counters: Counters, stats: EpisodeStats, replay: Optional[ReplayBuffer], spec: EnvSpec,
-            rank: int = 0, rank_seed: int = 0) -> Optional[dict]:
+def restore(ckpt: LoadedCheckpoint, parts: CheckpointedParts, rank: int = 0, rank_seed: int = 0) -> Optional[dict]:
     """Load every part's state from ``ckpt``, the global RNGs last; returns the collector's state (the envs'
     episodes in flight), for ``Collector.start(resume=...)``, or None. A replay buffer absent from the checkpoint
     stays empty. When the collector cannot be put back exactly, the caller cuts the stored episodes
@@ -140,19 +154,21 @@ def restore(ckpt: LoadedCheckpoint, *, algorithm: Algorithm, transformer: DataTr
     continues on an RNG stream of its own (and its envs restart)."""
     check_resumable(ckpt)
     meta, tensors = ckpt.meta, ckpt.tensors
-    example = example_experience(algorithm, transformer, spec)  # before the RNG is restored: it draws an action
-    algorithm.load_state_dict(tensors["algorithm"])
-    transformer.load_state_dict(tensors["transformers"])
-    learner.load_state_dict(tensors["learner"])
-    counters.load_state_dict(meta)
-    stats.num_episodes = int(meta.get("num_episodes", 0))
-    if replay is not None and "replay" in tensors:
-        replay.load_state_dict(tensors["replay"], example)
+    # the example first: building it draws an action, which must come before the RNG is restored
+    example = example_experience(parts.algorithm, parts.transformer, parts.spec)
+    parts.algorithm.load_state_dict(tensors["algorithm"])
+    parts.transformer.load_state_dict(tensors["transformers"])
+    parts.learner.load_state_dict(tensors["learner"])
+    parts.counters.load_state_dict(meta)
+    parts.stats.num_episodes = int(meta.get("num_episodes", 0))
+    if parts.replay is not None and "replay" in tensors:
+        parts.replay.load_state_dict(tensors["replay"], example)
     restore_rng_state(tensors["rng"], meta["rng"])
     if rank > 0:
-        seed_everything(reseed(rank_seed, counters.iteration))
-    logging.info("resumed from %s: iteration %d, env steps %d", ckpt.path, counters.iteration, counters.env_steps)
-    warn_on_other_settings(ckpt, learner)
+        seed_everything(reseed(rank_seed, parts.counters.iteration))
+    logging.info("resumed from %s: iteration %d, env steps %d", ckpt.path, parts.counters.iteration,
+                 parts.counters.env_steps)
+    warn_on_other_settings(ckpt, parts.learner)
     return tensors.get("collector") if rank == 0 and int(meta.get("world_size", 1)) == 1 else None
 
 

@@ -11,6 +11,7 @@ TensorBoard's writer threads, everything else goes to the previous hook), and cl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import threading
@@ -53,6 +54,15 @@ def _quiet_writer_threads() -> None:
         _hook_installed = True
 
 
+@dataclasses.dataclass(frozen=True)
+class GlobalStep:
+    """ALF's global counter, for ``Summaries`` when it is not the iteration: ``read()`` gives it (e.g. the learner's
+    update count); ``interval_counts_global_step``: the summary interval counts it too (else iterations)."""
+
+    read: Callable[[], int]
+    interval_counts_global_step: bool = True
+
+
 class Summaries:
     """Decides when a summary is due and writes scalars and histograms.
 
@@ -68,12 +78,11 @@ class Summaries:
     """
 
     def __init__(self, root_dir: str, interval: int, first_interval: bool, flush_secs: float, max_queue: int,
-                 global_step: Optional[Callable[[], int]] = None, interval_counts_global_step: bool = True,
-                 csv_path: Optional[str] = None):
+                 global_step: Optional[GlobalStep] = None, csv_path: Optional[str] = None):
         self.interval = interval
         self.first_interval = first_interval
-        self.global_step = global_step
-        self._by_global_step = global_step is not None and interval_counts_global_step
+        self.global_step = global_step.read if global_step is not None else None
+        self._by_global_step = global_step is not None and global_step.interval_counts_global_step
         self._checked_step = 0  # the global step at the last is_due
         self.log_dir = os.path.join(root_dir, "tb")
         _quiet_writer_threads()

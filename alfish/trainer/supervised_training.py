@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from alfish.algorithms.supervised import SupervisedModel
-from alfish.collect.collector import Collector
-from alfish.learn.learner import Learner
 from alfish.replay.supervised_data import SupervisedData
-from alfish.trainer.training import TrainingStep
+from alfish.trainer.training import StepParts, TrainingStep
 
 
 class SupervisedTraining(TrainingStep):
-    def __init__(self, collector: Collector, learner: Learner, algorithm: SupervisedModel, data: SupervisedData,
-                 num_updates_per_train_iter: int, mini_batch_size: int, seed: int):
-        super().__init__(collector, learner, algorithm)
+    """``parts.algorithm``: a ``SupervisedModel``; ``data``: the pairs; ``seed``: of the mini-batch draws."""
+
+    def __init__(self, parts: StepParts, data: SupervisedData, num_updates_per_train_iter: int, mini_batch_size: int,
+                 seed: int):
+        super().__init__(parts)
         self.data, self.num_updates, self.mini_batch_size = data, num_updates_per_train_iter, mini_batch_size
         self.generator = torch.Generator().manual_seed(seed)
 

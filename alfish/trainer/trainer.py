@@ -21,10 +21,13 @@ import torch
 from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
 from alfish.config.trainer_config import TrainerConfig
+from alfish.console.progress import Progress
+from alfish.console.signals import SignalRequests, confirm_checkpoint_on_crash
 from alfish.errors import NonFiniteLossError
 from alfish.evaluate.evaluator import EvaluatorPart, recorded_iterations
 from alfish.learn.distributed import DistContext, any_rank, check_parameters_equal, explain_collective_timeout, shutdown
 from alfish.learn.learner import Learner
+from alfish.replay.null_replay import NullReplay
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.rundir.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.rundir.disk import DiskWriteError, disk_error_in
@@ -34,9 +37,7 @@ from alfish.trainer.callbacks import CallbackList
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.options import RunOptions
 from alfish.trainer.profiler import NullProfiler
-from alfish.trainer.progress import Progress
-from alfish.trainer.resume import checkpoint_contents, restore, run_meta
-from alfish.trainer.signals import SignalRequests, confirm_checkpoint_on_crash
+from alfish.trainer.resume import CheckpointedParts, checkpoint_contents, restore, run_meta
 from alfish.trainer.summary import (
     NullSummaries,
     Summaries,
@@ -60,12 +61,12 @@ class Trainer:
     plan: RunPlan
     counters: Counters
     collector: Collector  # the training envs
-    replay: Optional[ReplayBuffer]  # None when training on-policy
+    replay: ReplayBuffer | NullReplay  # NullReplay when training on-policy
     learner: Learner  # loss -> parameter update
     training: TrainingStep  # what one iteration does with the three above
     algorithm: Algorithm
     transformer: DataTransformer
-    evaluator: Optional[EvaluatorPart]  # sync or async (build_evaluator chooses)
+    evaluator: EvaluatorPart  # sync or async (build_evaluator chooses); NullEvaluator where none evaluates
     summaries: Summaries | NullSummaries
     checkpointer: Checkpointer
     seed: int
@@ -126,24 +127,21 @@ class Trainer:
             recorded = recorded_iterations(self.config.root_dir)
             pending_evaluations = [p for p in self.resume_from.tensors.get("pending_evaluations") or []
                                    if int(p["iteration"]) not in recorded]
-            collector_state = restore(self.resume_from, algorithm=self.algorithm, transformer=self.transformer,
-                                      learner=self.learner, counters=self.counters, stats=self.collector.stats,
-                                      replay=self.replay, spec=self.collector.spec, rank=self.dist.rank,
+            collector_state = restore(self.resume_from, self.checkpointed_parts(), rank=self.dist.rank,
                                       rank_seed=self.rank_seed)
             self.resume_from = None
             self.resumed = True
-        if self.evaluator is not None:  # continue the sequence of evaluation seeds
-            self.evaluator.num_evaluations = self.counters.iteration // self.plan.eval_interval
-            self.evaluator.keep_snapshots = self.callbacks.needs_snapshots
-            self.evaluator.resubmit(pending_evaluations, self.summaries, self.config.root_dir)
+        # continue the sequence of evaluation seeds
+        self.evaluator.num_evaluations = self.counters.iteration // self.plan.eval_interval
+        self.evaluator.keep_snapshots = self.callbacks.needs_snapshots
+        self.evaluator.resubmit(pending_evaluations, self.summaries, self.config.root_dir)
         reset_progress()
         self._update_schedules()
         self.callbacks.before_run(self)  # (a warm start loads its weights here: before the first action)
-        sink = self.replay.add if self.replay is not None else None
-        self.collector.start(self.algorithm, self.transformer, sink, reseed(self.rank_seed, self.counters.iteration),
-                             self.plan.progress(self.counters), before_publish=self.learner.check_finite,
-                             resume=collector_state)
-        if self.resumed and self.replay is not None and not self.collector.resumed_exactly:
+        self.collector.start(self.algorithm, self.transformer, self.replay.add,
+                             reseed(self.rank_seed, self.counters.iteration), self.plan.progress(self.counters),
+                             before_publish=self.learner.check_finite, resume=collector_state)
+        if self.resumed and not self.collector.resumed_exactly:
             self.replay.truncate_episodes()  # the envs restarted: the stored episodes end where they were cut
         self.started = True
 
@@ -159,13 +157,12 @@ class Trainer:
     def _finish(self) -> None:
         """Always end with an evaluation of the final policy and a checkpoint; then leave the process group together."""
         it = self.counters.iteration
-        if self.evaluator is not None and not self.plan.evaluation_due(it):
+        if self.plan.final_evaluation_due(it):
             self._evaluate()
         if self.config.num_checkpoints > 0 and not self.plan.checkpoint_due(it):
             self.save_checkpoint()
-        if self.evaluator is not None:
-            self.evaluator.wait()  # an asynchronous evaluation still running (the final one) is recorded before exit
-            self._deliver_evaluations()
+        self.evaluator.wait()  # an asynchronous evaluation still running (the final one) is recorded before exit
+        self._deliver_evaluations()
         self.summaries.flush()  # a failed event write surfaces here, not lost in the writer's thread
         shutdown(self.dist, synchronize=True)  # every rank is done: no collective is left in flight
 
@@ -173,8 +170,7 @@ class Trainer:
         """Stop the collector (and its child), close the envs and the summary writer; leave the process group."""
         self.profiler.close()  # (a run that ends inside the profiling window writes what it recorded)
         self.collector.close()
-        if self.evaluator is not None:
-            self.evaluator.close()  # (before the summaries: an async evaluator records results from its thread)
+        self.evaluator.close()  # (before the summaries: an async evaluator records results from its thread)
         self.callbacks.close()
         self.summaries.close()
         shutdown(self.dist)
@@ -190,11 +186,10 @@ class Trainer:
         it = self.counters.iteration
         if self.summaries.is_due(it):
             self._write_summaries()
-        if self.evaluator is not None:
-            self.evaluator.check()  # an asynchronous evaluator's failure stops the run now, not at the next evaluation
-            if self.plan.evaluation_due(it):
-                self._evaluate()
-            self._deliver_evaluations()
+        self.evaluator.check()  # an asynchronous evaluator's failure stops the run now, not at the next evaluation
+        if self.plan.evaluation_due(it):
+            self._evaluate()
+        self._deliver_evaluations()
         if self.plan.checkpoint_due(it):
             self.save_checkpoint()
         self.profiler.step(it)
@@ -221,8 +216,7 @@ class Trainer:
                 logging.info("stopping at iteration %d: a callback asked to (e.g. Trainer.stop_value reached)",
                              self.counters.iteration)
             return None, finish_now
-        if self.evaluator is not None:  # what is still being evaluated goes into the checkpoint, re-run on resume
-            self.evaluator.stop_recording()
+        self.evaluator.stop_recording()  # what is still being evaluated goes into the checkpoint, re-run on resume
         self.save_checkpoint()
         logging.warning("stopped by signal %s at iteration %d; checkpoint written, rerun the same command to resume",
                         signals.stop_signal, self.counters.iteration)
@@ -257,11 +251,10 @@ class Trainer:
         self.evaluator.record(self.algorithm, self.summaries, self.config.root_dir, self.counters)
 
     def evaluate_now(self) -> None:
-        """Evaluate the current parameters now (e.g. at iteration 0, ``Trainer.evaluate_at_start``); no-op without
-        an evaluator (``evaluate=False``, or a rank other than 0)."""
-        if self.evaluator is not None:
-            self._evaluate()
-            self._deliver_evaluations()
+        """Evaluate the current parameters now (e.g. at iteration 0, ``Trainer.evaluate_at_start``); records nothing
+        without an evaluator (``evaluate=False``, or a rank other than 0: the ``NullEvaluator``)."""
+        self._evaluate()
+        self._deliver_evaluations()
 
     def _deliver_evaluations(self) -> None:
         for evaluation in self.evaluator.completed():
@@ -273,15 +266,21 @@ class Trainer:
             return None
         self.learner.check_finite()  # never save a model a non-finite update may have touched
         tensors, meta = checkpoint_contents(
-            algorithm=self.algorithm, transformer=self.transformer, learner=self.learner, counters=self.counters,
-            stats=self.collector.stats, replay=self.replay if self.options.save_replay_buffer else None,
-            seed=self.seed, world_size=self.dist.world_size, spec=self.collector.spec,
+            self.checkpointed_parts(with_replay=self.options.save_replay_buffer), self.seed,
+            world_size=self.dist.world_size,
             collector_state=self.collector.state_dict() if self.dist.world_size == 1 else None,
-            pending_evaluations=self.evaluator.pending() if self.evaluator is not None else None)
+            pending_evaluations=self.evaluator.pending())
         path = self.checkpointer.save(self.counters.iteration, tensors, meta)
         logging.info("checkpoint written: %s", path)
         self.callbacks.after_checkpoint(self, path)
         return path
+
+    def checkpointed_parts(self, with_replay: bool = True) -> CheckpointedParts:
+        """The parts a checkpoint holds; ``with_replay=False`` leaves the buffer out (``Trainer.save_replay_buffer``
+        off)."""
+        return CheckpointedParts(algorithm=self.algorithm, transformer=self.transformer, learner=self.learner,
+                                 counters=self.counters, stats=self.collector.stats,
+                                 replay=self.replay if with_replay else None, spec=self.collector.spec)
 
     def checkpoint_meta(self) -> dict:
         """The meta a checkpoint of this run holds now, without the RNG states (e.g. for the best policy's)."""

@@ -9,22 +9,78 @@ Chosen once, at assembly (``build.py``), so the loop never branches on the mode.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
-from alfish.data.types import StepType
+from alfish.config.trainer_config import TrainerConfig
+from alfish.data.types import BatchInfo, Experience, StepType
 from alfish.learn.distributed import merge_statistics_across_ranks
 from alfish.learn.learner import Learner
 from alfish.replay.batching import WholeBufferBatches, to_time_major
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.trainer.counters import Counters
 from alfish.transforms.base import DataTransformer
+
+
+@dataclasses.dataclass(frozen=True)
+class StepParts:
+    """The parts every training step works with: where experience comes from, the update, the algorithm, and the data
+    transformers (applied to sampled batches)."""
+
+    collector: Collector
+    learner: Learner
+    algorithm: Algorithm
+    transformer: DataTransformer
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplaySettings:
+    """What the replay training steps read from the config (``TrainerConfig``'s names, per rank).
+
+    initial_collect_steps: env steps over the job before training; num_env_steps: the run's budget (0: none), which
+    the warm-up never passes; total_envs: envs over all ranks.
+    """
+
+    initial_collect_steps: int
+    num_env_steps: int
+    total_envs: int
+    num_updates_per_train_iter: int
+    mini_batch_size: Optional[int]
+    mini_batch_length: Optional[int]
+
+    @classmethod
+    def of(cls, config: TrainerConfig, total_envs: int) -> ReplaySettings:
+        return cls(initial_collect_steps=config.initial_collect_steps, num_env_steps=config.num_env_steps,
+                   total_envs=total_envs, num_updates_per_train_iter=config.num_updates_per_train_iter,
+                   mini_batch_size=config.mini_batch_size, mini_batch_length=config.mini_batch_length)
+
+
+class Sample(NamedTuple):
+    """A sampled mini-batch, ready for an update: ``batch`` time-major ``[L, B]``, transformed, on the training
+    device; ``where`` as the sampler returned it (for ``update_priorities``); ``info`` with the importance weights on
+    the training device (for ``Learner.update``)."""
+
+    batch: Experience
+    where: BatchInfo
+    info: BatchInfo
+
+
+def sample_batch(replay: ReplayBuffer, transformer: DataTransformer, batch_size: int, length: int) -> Sample:
+    """``batch_size`` sequences of ``length`` steps from ``replay`` (the one pipeline of sampled training, hybrid
+    included): sampled where the storage is, transformed there (the transformers that read neighbouring stored steps
+    read the storage), copied to the training device (one non_blocking copy per field), made time-major and given the
+    experience view of the transformers."""
+    raw, where = replay.sample(batch_size, length)
+    raw = transformer.transform_sample(raw, where, replay)
+    raw, on_device = replay.to_device(raw, where)
+    return Sample(transformer.transform_experience(to_time_major(raw)), where, on_device)
 
 
 class TrainingStep:
@@ -37,8 +93,9 @@ class TrainingStep:
 
     last_row_bootstraps = False
 
-    def __init__(self, collector: Collector, learner: Learner, algorithm: Algorithm):
-        self.collector, self.learner, self.algorithm = collector, learner, algorithm
+    def __init__(self, parts: StepParts):
+        self.collector, self.learner, self.algorithm = parts.collector, parts.learner, parts.algorithm
+        self.transformer = parts.transformer
         self.timing = dict(unroll_s=0.0, train_s=0.0)
         self.last_actions: Optional[tuple[torch.Tensor, torch.Tensor]] = None  # (action, step_type)
 
@@ -81,10 +138,6 @@ class OnPolicyTraining(TrainingStep):
 
     last_row_bootstraps = True
 
-    def __init__(self, collector: Collector, learner: Learner, algorithm: Algorithm, transformer: DataTransformer):
-        super().__init__(collector, learner, algorithm)
-        self.transformer = transformer
-
     def _collect_and_train(self, steps_per_env: int) -> int:
         with self.learner.capturing_outputs():  # the unroll is the update's forward (hooks on diagnosed updates)
             start = time.monotonic()
@@ -99,28 +152,23 @@ class OnPolicyTraining(TrainingStep):
 
 
 class ReplayTraining(TrainingStep):
-    """Collects raw steps into ``replay`` and trains from it (``_train``, by the subclass).
+    """Collects raw steps into ``replay`` and trains from it (``_train``, by the subclass), as ``settings`` say."""
 
-    initial_collect_steps: env steps over the job before training; total_envs: envs over all ranks.
-    """
+    def __init__(self, parts: StepParts, replay: ReplayBuffer, settings: ReplaySettings):
+        super().__init__(parts)
+        self.replay, self.settings = replay, settings
 
-    def __init__(self, collector: Collector, learner: Learner, algorithm: Algorithm, replay: ReplayBuffer,
-                 transformer: DataTransformer, initial_collect_steps: int, num_env_steps: int, total_envs: int,
-                 num_updates_per_train_iter: int, mini_batch_size: Optional[int], mini_batch_length: Optional[int]):
-        super().__init__(collector, learner, algorithm)
-        self.replay, self.transformer = replay, transformer
-        self.initial_collect_steps, self.num_env_steps, self.total_envs = (initial_collect_steps, num_env_steps,
-                                                                           total_envs)
-        self.num_updates = num_updates_per_train_iter
-        self.mini_batch_size, self.mini_batch_length = mini_batch_size, mini_batch_length
+    @property
+    def num_updates(self) -> int:
+        return self.settings.num_updates_per_train_iter
 
     def steps_before_training(self, counters: Counters) -> int:
         """``initial_collect_steps`` (never past ``num_env_steps``), minus what was taken; skipped on a resume past
         it."""
-        target = self.initial_collect_steps
-        if self.num_env_steps > 0:  # never collect past the run's own budget
-            target = min(target, self.num_env_steps)
-        return max(0, math.ceil((target - counters.env_steps) / self.total_envs))
+        target = self.settings.initial_collect_steps
+        if self.settings.num_env_steps > 0:  # never collect past the run's own budget
+            target = min(target, self.settings.num_env_steps)
+        return max(0, math.ceil((target - counters.env_steps) / self.settings.total_envs))
 
     def _collect_and_train(self, steps_per_env: int) -> int:
         start = time.monotonic()
@@ -145,10 +193,10 @@ class SampledReplayTraining(ReplayTraining):
         """The warm-up, and at least one whole sequence per env. A resumed run whose checkpoint has no replay buffer
         (``Trainer.save_replay_buffer=False``) refills one mini-batch worth of steps, so its first samples are not all
         duplicates."""
-        steps = max(super().steps_before_training(counters),
-                    self.mini_batch_length - int(self.replay.num_stored().min()))
+        length = self.settings.mini_batch_length
+        steps = max(super().steps_before_training(counters), length - int(self.replay.num_stored().min()))
         if len(self.replay) == 0 and counters.iteration > 0:
-            refill = max(self.mini_batch_length, math.ceil(self.mini_batch_size / self.replay.num_envs))
+            refill = max(length, math.ceil(self.settings.mini_batch_size / self.replay.num_envs))
             logging.info("resumed without a saved replay buffer: refilling %d steps per env before training "
                          "(set Trainer.save_replay_buffer=True to keep the buffer in checkpoints)", refill)
             steps = max(steps, refill)
@@ -156,21 +204,19 @@ class SampledReplayTraining(ReplayTraining):
 
     def _train(self) -> None:
         for _ in range(self.num_updates):
-            raw, batch_info = self.replay.sample(self.mini_batch_size, self.mini_batch_length)  # on the host
-            raw = self.transformer.transform_sample(raw, batch_info, self.replay)  # reads the host storage
-            raw, on_device = self.replay.to_device(raw, batch_info)  # one non_blocking copy per field
-            batch = self.transformer.transform_experience(to_time_major(raw))
-            loss_info = self.learner.update(batch, on_device)
-            self.replay.update_priorities(batch_info, loss_info.priority)
-            self.last_actions = batch.action, batch.step_type
+            sample = sample_batch(self.replay, self.transformer, self.settings.mini_batch_size,
+                                  self.settings.mini_batch_length)
+            loss_info = self.learner.update(sample.batch, sample.info)
+            self.replay.update_priorities(sample.where, loss_info.priority)
+            self.last_actions = sample.batch.action, sample.batch.step_type
 
 
 class WholeBufferTraining(ReplayTraining):
     """Epochs of shuffled mini-batches over everything stored; then (with ``clear``) all but the newest step of each
     env is forgotten: the next unroll's first transition starts from it, so every transition is trained on once."""
 
-    def __init__(self, *args, clear: bool = True, **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, parts: StepParts, replay: ReplayBuffer, settings: ReplaySettings, clear: bool = True):
+        super().__init__(parts, replay, settings)
         self.clear = clear
 
     def _train(self) -> None:
@@ -178,7 +224,7 @@ class WholeBufferTraining(ReplayTraining):
         raw, _ = self.replay.to_device(self.transformer.transform_sample(raw, where, self.replay), where)
         exp = self.transformer.transform_experience(raw)
         exp = self.algorithm.preprocess_experience(exp)
-        batches = WholeBufferBatches(exp, self.mini_batch_length or 1, self.mini_batch_size)
+        batches = WholeBufferBatches(exp, self.settings.mini_batch_length or 1, self.settings.mini_batch_size)
         for _ in range(self.num_updates):
             for batch in batches.epoch():
                 self.learner.update(batch)

@@ -268,3 +268,30 @@ def test_discrete_action_space_is_an_error():
     for cls in ALGS:
         with pytest.raises(ValueError, match="needs a Box action space"):
             cls(obs_space, act_space)
+
+
+# --------------------------------------------------------------------------------------------- TD3's gin surface ---
+
+def test_td3_takes_every_ddpg_parameter_from_gin_with_its_own_defaults():
+    import gin
+
+    from alfish.config.loading import _parameter_names
+
+    assert _parameter_names("Td3Algorithm") == _parameter_names("DdpgAlgorithm")
+    obs_space, act_space = spaces("Pendulum-v1")
+    gin.clear_config()
+    try:
+        gin.parse_config("Td3Algorithm.actor_lr = 0.25\nTd3Algorithm.hidden_sizes = (8,)\n"
+                         "Td3Algorithm.target_noise_clip = 0.3\nDdpgAlgorithm.num_critics = 3")
+        alg = Td3Algorithm(obs_space, act_space)
+        assert alg._lrs["actor"] == 0.25 and alg.target_noise_clip == 0.3
+        # TD3's defaults, not a DdpgAlgorithm binding
+        assert (alg.critics.num_members, alg.policy_delay, alg.target_policy_noise) == (2, 2, 0.2)
+        assert "Td3Algorithm.actor_lr = 0.25" in gin.operative_config_str()
+        assert make(DdpgAlgorithm).critics.num_members == 3
+        with pytest.raises(ValueError, match="doesn't have a parameter named 'actr_lr'"):
+            gin.parse_config("Td3Algorithm.actr_lr = 0.5")
+    finally:
+        gin.clear_config()
+    positional = Td3Algorithm(obs_space, act_space, (8,), 0.5)
+    assert positional._lrs["actor"] == 0.5 and positional.policy_delay == 2

@@ -26,11 +26,11 @@ def build_trainer(tmp_path, params):
 
 def restore_parts(trainer):
     """What ``Trainer.run`` does first on a resume: every part restored from the resume point."""
-    from alfish.trainer.resume import restore
+    from alfish.trainer.resume import CheckpointedParts, restore
 
-    restore(trainer.resume_from, algorithm=trainer.algorithm, transformer=trainer.transformer,
-            learner=trainer.learner, counters=trainer.counters, stats=trainer.collector.stats, replay=trainer.replay,
-            spec=trainer.collector.spec)
+    restore(trainer.resume_from, CheckpointedParts(
+        algorithm=trainer.algorithm, transformer=trainer.transformer, learner=trainer.learner,
+        counters=trainer.counters, stats=trainer.collector.stats, replay=trainer.replay, spec=trainer.collector.spec))
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,7 @@ from alfish.data.types import AlgStep, LossInfo
 from alfish.learn.diagnostics import Diagnostics, GradientNoiseScale, gradient_noise_estimates
 from alfish.learn.learner import Learner, term_tag
 from alfish.learn.sync_debug import SyncCounter
-from alfish.trainer.summary import Summaries
+from alfish.trainer.summary import GlobalStep, Summaries
 from tests.integration.inprocess import OFF_POLICY_POINT_GOAL, eval_log, run_trainer_from_text
 
 pytestmark = pytest.mark.timeout(120)
@@ -359,7 +359,7 @@ class Count:
 @pytest.mark.parametrize("first_interval, expected", [(False, [2, 4, 5, 7]), (True, [1, 2, 4, 5, 7])])
 def test_summaries_due_by_update_count(tmp_path, first_interval, expected):
     updates = Count()
-    summaries = Summaries(str(tmp_path), 6, first_interval, 10, 10, global_step=updates)
+    summaries = Summaries(str(tmp_path), 6, first_interval, 10, 10, global_step=GlobalStep(updates))
     due = []
     for iteration, count in enumerate([3, 6, 8, 13, 18, 18, 24], start=1):  # iteration 6 made no update
         updates.value = count

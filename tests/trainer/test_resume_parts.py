@@ -7,7 +7,6 @@ import gin
 import gymnasium as gym
 import pytest
 import torch
-from tests.trainer.test_checkpoint import _assert_nest_equal
 
 from alfish.algorithms.build import build_policy
 from alfish.collect.episode_stats import EpisodeStats
@@ -19,7 +18,8 @@ from alfish.rundir.checkpoint import Checkpointer
 from alfish.schedulers import update_progress
 from alfish.trainer.build import build_replay_buffer, build_trainer
 from alfish.trainer.counters import Counters, RunPlan
-from alfish.trainer.resume import restore
+from alfish.trainer.resume import CheckpointedParts, restore
+from tests.rundir.test_checkpoint import _assert_nest_equal
 
 COMMON = """
 TrainerConfig.random_seed = 3
@@ -94,8 +94,8 @@ def test_parts_built_from_a_spec_restore_to_the_run_that_wrote_the_checkpoint(tm
         replay = None if algorithm.on_policy else build_replay_buffer(config, spec, transformer, DevicePolicy(), cpu)
         counters, stats = Counters(), EpisodeStats(num_envs)
         torch.manual_seed(12345)  # anything: restore must bring back the checkpoint's RNG state
-        restore(ckpt, algorithm=algorithm, transformer=transformer, learner=learner, counters=counters, stats=stats,
-                replay=replay, spec=spec)
+        restore(ckpt, CheckpointedParts(algorithm=algorithm, transformer=transformer, learner=learner,
+                                        counters=counters, stats=stats, replay=replay, spec=spec))
     finally:
         gin.clear_config()
 

@@ -116,11 +116,11 @@ def wrap_torch(timer: PhaseTimer) -> None:
 
 def profile_alfish(args: argparse.Namespace, timer: PhaseTimer) -> tuple[float, int]:
     from alfish.collect.unroller import Unroller
+    from alfish.console.progress import Progress
     from alfish.envs.batched_env import BatchedEnv
     from alfish.replay.batching import WholeBufferBatches
     from alfish.replay.replay_buffer import ReplayBuffer
     from alfish.trainer import training
-    from alfish.trainer.progress import Progress
     from alfish.trainer.trainer import Trainer
 
     trainer, _ = run_one.make_alfish(args)
@@ -132,7 +132,7 @@ def profile_alfish(args: argparse.Namespace, timer: PhaseTimer) -> tuple[float, 
     timer.wrap(BatchedEnv, "step", "conversions")  # its own numpy arithmetic (step types, discounts)
     timer.wrap(Unroller, "step", "glue")
     timer.wrap(trainer.algorithm, "rollout_step", "policy forward")
-    if trainer.replay is not None:
+    if isinstance(trainer.replay, ReplayBuffer):  # (not the NullReplay of on-policy runs)
         timer.wrap(ReplayBuffer, "add", "buffer add")
         for name in ("sample", "to_device", "gather_all"):
             timer.wrap(ReplayBuffer, name, "sampling")

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from alfish.trainer.signals import SignalRequests, confirm_checkpoint_on_crash
+from alfish.console.signals import SignalRequests, confirm_checkpoint_on_crash
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
 TIMEOUT = 20.0  # seconds for any single wait on a child; normally each takes milliseconds
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="POSIX si
 # of torch that `import alfish.trainer` brings (the package __init__ pulls in the trainer's modules).
 LOAD_SIGNALS = f"""
 import importlib.util
-_spec = importlib.util.spec_from_file_location("alfish_trainer_signals", {REPO + "/alfish/trainer/signals.py"!r})
+_spec = importlib.util.spec_from_file_location("alfish_trainer_signals", {REPO + "/alfish/console/signals.py"!r})
 signals_module = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(signals_module)
 SignalRequests = signals_module.SignalRequests
