@@ -201,6 +201,13 @@ class EncodingNetwork(nn.Module):
         self.observation_space = observation_space
         self.keys: Optional[list[str]] = None
         custom = dict(key_encoder_ctors or {})
+
+        def image_encoder(box: gym.spaces.Box) -> nn.Module:
+            return ImageEncoder(box, conv_layers, activation, channels_last, memory_format)
+
+        def vector_encoder(box: gym.spaces.Box, layers: Sequence[int]) -> nn.Module:
+            return VectorEncoder(box, layers, activation, layer_norm, dropout)
+
         if isinstance(observation_space, gym.spaces.Dict):
             self.keys = list(observation_space.spaces)
             unknown = sorted(set(custom) - set(self.keys))
@@ -209,16 +216,15 @@ class EncodingNetwork(nn.Module):
                                  f"have; its keys are {self.keys}")
             self.encoders = nn.ModuleDict({
                 key: self._custom_encoder(custom[key], space, key) if key in custom else
-                self._leaf_encoder(space, conv_layers, key_fc_layers, activation, layer_norm, dropout, channels_last,
-                                   memory_format, name=key)
+                self._leaf_encoder(space, key, image_encoder, lambda box: vector_encoder(box, key_fc_layers))
                 for key, space in observation_space.spaces.items()})
             size = sum(e.output_size for e in self.encoders.values())
         else:
             if custom:
                 raise ValueError(f"EncodingNetwork.key_encoder_ctors needs a Dict observation; this one is "
                                  f"{observation_space}")
-            self.encoder = self._leaf_encoder(observation_space, conv_layers, (), activation, layer_norm, dropout,
-                                              channels_last, memory_format, name="observation")
+            self.encoder = self._leaf_encoder(observation_space, "observation", image_encoder,
+                                              lambda box: vector_encoder(box, ()))
             size = self.encoder.output_size
         self._obs_rank = {k: len(s.shape) for k, s in self._leaf_spaces().items()}
         self.fc = fc_stack(size, fc_layers, activation, layer_norm, dropout)
@@ -231,17 +237,17 @@ class EncodingNetwork(nn.Module):
         self.output_size = size
 
     @staticmethod
-    def _leaf_encoder(space: gym.Space, conv_layers: ConvSpec, key_fc_layers: Sequence[int], activation: str,
-                      layer_norm: bool, dropout: float, channels_last: Optional[bool], memory_format: str,
-                      name: str) -> nn.Module:
+    def _leaf_encoder(space: gym.Space, name: str, image_encoder: Callable[[gym.spaces.Box], nn.Module],
+                      vector_encoder: Callable[[gym.spaces.Box], nn.Module]) -> nn.Module:
+        """The encoder of one Box leaf ``name``: ``image_encoder`` for an image, ``vector_encoder`` for a vector."""
         if not isinstance(space, gym.spaces.Box):
             raise ValueError(f"EncodingNetwork encodes Box observations (or a Dict of them); {name} is {space}")
         if is_image_space(space):
-            return ImageEncoder(space, conv_layers, activation, channels_last, memory_format)
+            return image_encoder(space)
         if len(space.shape) > 3:
             raise ValueError(f"EncodingNetwork cannot tell how to encode {name} of shape {space.shape}: images are "
                              "rank 3 (HWC or CHW) or uint8 rank 2; write a network class for it")
-        return VectorEncoder(space, key_fc_layers, activation, layer_norm, dropout)
+        return vector_encoder(space)
 
     @staticmethod
     def _custom_encoder(ctor: Callable[..., nn.Module], space: gym.Space, key: str) -> nn.Module:
