@@ -101,17 +101,20 @@ def test_steps_arrive_complete_and_in_order_per_env(rig_factory):
 
 def test_collect_without_a_count_drains_what_arrived_without_blocking(rig_factory):
     rig = rig_factory(SAC_POINT_GOAL, interval_s=0.05)
-    seen, calls = 0, 0
+    seen, durations = 0, []
     deadline = time.monotonic() + 20
     while seen < 10 and time.monotonic() < deadline:
         start = time.monotonic()
         got = rig.unroller.receive(None, max_steps=3)
-        assert time.monotonic() - start < 0.1  # never waits for steps
+        durations.append(time.monotonic() - start)
         assert len(got) <= 3
         seen += len(got)
-        calls += 1
         time.sleep(0.1)
-    assert seen >= 10 and calls > 3
+    assert seen >= 10 and len(durations) > 3
+    # Never waits for steps: a call that waited would take a poll (0.2 s) whenever the queue ran dry, which happens in
+    # most calls (a step every 50 ms, a call every 100 ms, at most 3 taken). The median, not every call: on a loaded
+    # machine a call that does not wait can still be descheduled for a while.
+    assert sorted(durations)[len(durations) // 2] < 0.1, durations
 
 
 def _last_linear(module):
