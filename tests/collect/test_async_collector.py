@@ -143,12 +143,14 @@ def test_child_acts_with_new_parameters_after_they_are_published(rig_factory):
 
 
 def test_pacing_holds_the_step_interval(rig_factory):
-    rig = rig_factory(SAC_POINT_GOAL, queue_size=100, interval_s=0.05)
+    # 0.2 s a step: long next to what a loaded machine adds to each step (a late wake-up is not caught up), so the
+    # average stays within 30% of it
+    rig = rig_factory(SAC_POINT_GOAL, queue_size=100, interval_s=0.2)
     rig.unroller.receive(1)
     start = time.monotonic()
-    rig.unroller.receive(30)
-    per_step = (time.monotonic() - start) / 30
-    assert 0.05 * 0.85 < per_step < 0.05 * 1.3, per_step
+    rig.unroller.receive(15)
+    per_step = (time.monotonic() - start) / 15
+    assert 0.2 * 0.85 < per_step < 0.2 * 1.3, per_step
 
 
 def test_exception_in_the_child_reaches_the_parent_with_its_traceback(rig_factory):
