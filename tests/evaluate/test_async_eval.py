@@ -297,9 +297,14 @@ eval/create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latenc
                         if "spawn_main" in " ".join(p.cmdline())]
             time.sleep(0.2)
         assert children, proc.stderr.read()[-3000:] if proc.poll() is not None else "no evaluator child"
-        while not (tmp_path / "root" / "tb").exists() and time.monotonic() < deadline:
+        # Ready: it built its envs and serves evaluations (it checks for its trainer between env steps). Until then
+        # it is starting (importing torch, building envs: seconds more on a loaded machine) and notices nothing.
+        log = tmp_path / "root" / "log.txt"
+        while "async eval: child process" not in (log.read_text() if log.exists() else "") and \
+                time.monotonic() < deadline:
             time.sleep(0.2)
-        time.sleep(1.5)  # the first evaluation is running
+        assert "async eval: child process" in log.read_text()
+        time.sleep(1.5)  # the first evaluation (after 100 warm-up steps and 10 iterations) is running
         proc.kill()
         proc.wait(timeout=30)
         start = time.monotonic()
