@@ -52,6 +52,14 @@ def shm_entries() -> set:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
+def ended(process: psutil.Process) -> bool:
+    """Gone, or a zombie: exited, and not yet reaped (an orphan is reaped by init, whenever init gets to it)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def spawned_children() -> list:
     return [p for p in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
 
@@ -308,8 +316,9 @@ eval/create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latenc
         proc.kill()
         proc.wait(timeout=30)
         start = time.monotonic()
-        gone = psutil.wait_procs(children, timeout=10)[0]
-        assert len(gone) == len(children) and time.monotonic() - start < 5
+        while not all(map(ended, children)) and time.monotonic() - start < 10:
+            time.sleep(0.1)
+        assert all(map(ended, children)) and time.monotonic() - start < 5, children
     finally:
         if proc.poll() is None:
             proc.kill()
