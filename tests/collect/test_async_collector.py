@@ -101,17 +101,20 @@ def test_steps_arrive_complete_and_in_order_per_env(rig_factory):
 
 def test_collect_without_a_count_drains_what_arrived_without_blocking(rig_factory):
     rig = rig_factory(SAC_POINT_GOAL, interval_s=0.05)
-    seen, calls = 0, 0
+    seen, durations = 0, []
     deadline = time.monotonic() + 20
     while seen < 10 and time.monotonic() < deadline:
         start = time.monotonic()
         got = rig.unroller.receive(None, max_steps=3)
-        assert time.monotonic() - start < 0.1  # never waits for steps
+        durations.append(time.monotonic() - start)
         assert len(got) <= 3
         seen += len(got)
-        calls += 1
         time.sleep(0.1)
-    assert seen >= 10 and calls > 3
+    assert seen >= 10 and len(durations) > 3
+    # Never waits for steps: a call that waited would take a poll (0.2 s) whenever the queue ran dry, which happens in
+    # most calls (a step every 50 ms, a call every 100 ms, at most 3 taken). The median, not every call: on a loaded
+    # machine a call that does not wait can still be descheduled for a while.
+    assert sorted(durations)[len(durations) // 2] < 0.1, durations
 
 
 def _last_linear(module):
@@ -151,12 +154,14 @@ def test_the_child_parses_a_config_naming_a_gin_constant_of_the_trainer(rig_fact
 
 
 def test_pacing_holds_the_step_interval(rig_factory):
-    rig = rig_factory(SAC_POINT_GOAL, queue_size=100, interval_s=0.05)
+    # 0.2 s a step: long next to what a loaded machine adds to each step (a late wake-up is not caught up), so the
+    # average stays within 30% of it
+    rig = rig_factory(SAC_POINT_GOAL, queue_size=100, interval_s=0.2)
     rig.unroller.receive(1)
     start = time.monotonic()
-    rig.unroller.receive(30)
-    per_step = (time.monotonic() - start) / 30
-    assert 0.05 * 0.85 < per_step < 0.05 * 1.3, per_step
+    rig.unroller.receive(15)
+    per_step = (time.monotonic() - start) / 15
+    assert 0.2 * 0.85 < per_step < 0.2 * 1.3, per_step
 
 
 def test_exception_in_the_child_reaches_the_parent_with_its_traceback(rig_factory):

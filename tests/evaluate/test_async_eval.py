@@ -54,6 +54,14 @@ def shm_entries() -> set:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
+def ended(process: psutil.Process) -> bool:
+    """Gone, or a zombie: exited, and not yet reaped (an orphan is reaped by init, whenever init gets to it)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def spawned_children() -> list:
     return [p for p in psutil.Process().children(recursive=True) if "spawn_main" in " ".join(p.cmdline())]
 
@@ -307,14 +315,20 @@ eval/create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latenc
                         if "spawn_main" in " ".join(p.cmdline())]
             time.sleep(0.2)
         assert children, proc.stderr.read()[-3000:] if proc.poll() is not None else "no evaluator child"
-        while not (tmp_path / "root" / "tb").exists() and time.monotonic() < deadline:
+        # Ready: it built its envs and serves evaluations (it checks for its trainer between env steps). Until then
+        # it is starting (importing torch, building envs: seconds more on a loaded machine) and notices nothing.
+        log = tmp_path / "root" / "log.txt"
+        while "async eval: child process" not in (log.read_text() if log.exists() else "") and \
+                time.monotonic() < deadline:
             time.sleep(0.2)
-        time.sleep(1.5)  # the first evaluation is running
+        assert "async eval: child process" in log.read_text()
+        time.sleep(1.5)  # the first evaluation (after 100 warm-up steps and 10 iterations) is running
         proc.kill()
         proc.wait(timeout=30)
         start = time.monotonic()
-        gone = psutil.wait_procs(children, timeout=10)[0]
-        assert len(gone) == len(children) and time.monotonic() - start < 5
+        while not all(map(ended, children)) and time.monotonic() - start < 10:
+            time.sleep(0.1)
+        assert all(map(ended, children)) and time.monotonic() - start < 5, children
     finally:
         if proc.poll() is None:
             proc.kill()

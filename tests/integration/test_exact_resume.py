@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from alfish.envs.batched_env import BatchedEnv
+from alfish.rundir.checkpoint import Checkpointer
 from alfish.tools import check_resume
 
 from .inprocess import eval_log, run_trainer_from_text
@@ -43,7 +44,11 @@ Trainer.num_threads = 1
 """
 
 # PPO on CartPole-v1, 4 envs x 16 steps: stopped at iteration 5, compared at 10; evaluated asynchronously every 5
-# iterations (the evaluation of iteration 5 is usually still running at the stop: it is re-run after the resume).
+# iterations. Each eval env step takes 0.05 s more (alfish/Latency-v0), so an evaluation (4 episodes of at least 8
+# steps) takes at least 1.6 s: far longer than the moment between sending it and the stop right after, on a machine
+# however loaded (a sleep is never shorter). So the evaluation of the stop's iteration is always still running at the
+# stop: it goes into the checkpoint and is re-run after the resume (without the latency, whether it finished first was
+# a race between the evaluation and the stop).
 PPO = """
 create_environment.env_name = 'CartPole-v1'
 create_environment.num_parallel_environments = 4
@@ -63,6 +68,8 @@ TrainerConfig.eval_interval = 5
 TrainerConfig.num_eval_episodes = 4
 TrainerConfig.num_checkpoints = 0
 Trainer.num_threads = 1
+eval/create_environment.env_name = 'alfish/Latency-v0'
+eval/create_environment.env_kwargs = {'env_name': 'CartPole-v1', 'latency_s': 0.05}
 """
 
 # Double DQN with prioritized replay on CartPole-v1, 2 envs, 4 steps an iteration: stopped at iteration 30.
@@ -105,7 +112,13 @@ def test_sac_resumes_exactly_mid_episode(tmp_path, capsys):
 
 def test_ppo_resumes_exactly_with_an_interrupted_asynchronous_evaluation(tmp_path, capsys):
     assert check(tmp_path, PPO, 5) == 0, capsys.readouterr().out
-    assert [r["iteration"] for r in eval_log(tmp_path / "runs" / "resumed")] == [5, 10]
+    resumed = tmp_path / "runs" / "resumed"
+    checkpoints = Checkpointer(str(resumed / "checkpoints"))
+    # the evaluation of iteration 5, running at the first stop, was kept in its checkpoint and recorded after the
+    # resume; the one of iteration 10 (sent after it was recorded) is running at the second stop, kept likewise
+    assert [p["iteration"] for p in checkpoints.load(5).tensors["pending_evaluations"]] == [5]
+    assert [r["iteration"] for r in eval_log(resumed)] == [5]
+    assert [p["iteration"] for p in checkpoints.load(10).tensors["pending_evaluations"]] == [10]
 
 
 def test_dqn_with_prioritized_replay_resumes_exactly(tmp_path, capsys):

@@ -428,7 +428,8 @@ def test_save_killed_before_rename_leaves_only_an_ignored_tmp_dir(crashed_saves,
 
 
 def test_tmp_dir_of_a_live_saver_is_left_alone(tmp_path):
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    # alive until killed below, however long the test takes on a loaded machine
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
     try:
         live = tmp_path / f".tmp-ckpt-3-{sleeper.pid}"
         dead = tmp_path / ".tmp-ckpt-4-999999999"

@@ -119,6 +119,7 @@ def test_ranks_end_with_identical_parameters_and_only_rank_0_writes(tmp_path, co
 SLOW = SAC.replace("'alfish/PointGoal-v0'", "'alfish/Latency-v0'").replace(
     "TrainerConfig.num_iterations = 60", "TrainerConfig.num_iterations = 100000") + """
 create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latency_s': 0.01}
+Trainer.progress_log_interval_s = 1
 """
 
 
@@ -141,7 +142,13 @@ def start_slow_job(tmp_path, extra=""):
                 pass
         time.sleep(0.5)
     assert len(workers) == 2, "the ranks never started"
-    time.sleep(2.0)  # training
+    # Both ranks train (not merely started) once rank 0 logged iteration 2 or later: it passed iteration 1's stop-flag
+    # all-reduce, which rank 1 joins only after recording its progress (the heartbeat a hung rank is named by).
+    log, iterations, deadline = tmp_path / "root" / "log.txt", [], time.monotonic() + 90
+    while max(iterations, default=0) < 2 and time.monotonic() < deadline:
+        time.sleep(0.5)
+        iterations = [int(i) for i in re.findall(r" INFO iteration (\d+)/", log.read_text() if log.exists() else "")]
+    assert max(iterations, default=0) >= 2, "the ranks never trained"
     return proc, workers
 
 
