@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from alfish.bin.output_path import why_unwritable
-from alfish.bin.play import _one_line, load_checkpoint, load_stored_config, restore_policy
+from alfish.bin.stored_run import load_checkpoint, load_stored_config, one_line, restore_policy
 from alfish.config import ConfError, TrainerConfig, load_config_text
 from alfish.config.untrusted import MAX_STORED_CONFIG_BYTES, TRUST_ALL, check_env_names, trusted_prefixes
 from alfish.data.types import StepType, TimeStep
@@ -326,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             gym.error.Error) as err:
         # ValueError includes an env that breaks its contract (EnvContractError) and data that breaks the convention;
         # ImportError a trusted (--allow_import) env module that is not installed.
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     try:
         if args.format == "minari":
@@ -339,10 +339,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             write_dataset(steps, args.out)
     except (FileExistsError, ValueError, ImportError) as err:  # (--out created meanwhile; a space it cannot store)
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     except OSError as err:
-        print(f"error: writing the dataset to {args.out} failed: {_one_line(err)}", file=sys.stderr)
+        print(f"error: writing the dataset to {args.out} failed: {one_line(err)}", file=sys.stderr)
         return 1
     print(f"wrote {len(steps)} steps, {_count(steps.num_episodes, 'episode')} to {args.out} ({args.format}); {about}",
           flush=True)

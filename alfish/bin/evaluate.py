@@ -29,7 +29,7 @@ from typing import Optional, Sequence
 import gin
 import gymnasium as gym
 
-from alfish.bin.play import _one_line, load_checkpoint, load_stored_config, restore_policy
+from alfish.bin.stored_run import load_checkpoint, load_policy_config, one_line, restore_policy
 from alfish.config import ConfError, TrainerConfig
 from alfish.config.untrusted import TRUST_ALL, check_env_names, trusted_prefixes
 from alfish.envs.batched_env import BatchedEnv, create_environment, environment_settings
@@ -73,7 +73,7 @@ def checkpoints_to_evaluate(args: argparse.Namespace) -> list[LoadedCheckpoint]:
         try:
             loaded.append(checkpointer.load(step))
         except CheckpointError as err:
-            logging.warning("skipping checkpoint %d: %s", step, _one_line(err))
+            logging.warning("skipping checkpoint %d: %s", step, one_line(err))
     if not loaded:
         raise CheckpointError(f"no checkpoint that verifies under {args.root_dir}/checkpoints")
     return loaded
@@ -108,10 +108,7 @@ def evaluate(args: argparse.Namespace) -> list[float]:
     env = summaries = None
     try:
         for ckpt in checkpoints_to_evaluate(args):
-            config = load_stored_config(args.root_dir, ckpt, trusted)
-            if config.ml_type != "rl":
-                raise EvaluateError(f"{args.root_dir} trained a supervised model (TrainerConfig.ml_type="
-                                    f"{config.ml_type!r}): there is no policy to evaluate")
+            config = load_policy_config(args.root_dir, ckpt, trusted, "evaluate")
             seed = args.seed if args.seed is not None else int(ckpt.meta.get("seed", 0)) + EVAL_SEED_OFFSET
             if env is None:
                 env = create_eval_env(config, seed, trusted)
@@ -149,7 +146,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         evaluate(args)
     except (EvaluateError, CheckpointError, ConfError, ValueError, TypeError, KeyError, ImportError,
             gym.error.Error) as err:
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     return 0
 

@@ -51,8 +51,9 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.bin.output_path import why_unwritable
-from alfish.bin.play import _one_line, _shortened, create_env, load_checkpoint, load_stored_config, restore_policy
+from alfish.bin.play import create_env
 from alfish.bin.root_dir_args import add_allow_import, add_checkpoint_choice, add_root_dir, command_parser
+from alfish.bin.stored_run import load_checkpoint, load_policy_config, one_line, restore_policy, shortened
 from alfish.config import ConfError
 from alfish.config.untrusted import trusted_prefixes
 from alfish.envs.batched_env import BatchedEnv
@@ -122,10 +123,7 @@ def export(args: argparse.Namespace) -> tuple[str, dict]:
     the JSON record written beside it."""
     trusted = trusted_prefixes(args.allow_import)
     ckpt = load_checkpoint(args.root_dir, args.checkpoint_step, args.best)
-    config = load_stored_config(args.root_dir, ckpt, trusted)
-    if config.ml_type != "rl":
-        raise ExportError(f"{args.root_dir} trained a supervised model (TrainerConfig.ml_type={config.ml_type!r}): "
-                          "there is no policy to export")
+    config = load_policy_config(args.root_dir, ckpt, trusted, "export")
     out = args.out or os.path.join(args.root_dir, "export", f"policy-{ckpt.step}{SUFFIXES[args.format]}")
     check_out(out, args.format)
     env = create_env(argparse.Namespace(render=False, record_file=None, seed=args.seed), trusted)
@@ -165,7 +163,7 @@ def _check(policy: ExportedPolicy, transformer: SequentialDataTransformer, algor
     try:
         loaded = load_program(path, args.format)
     except Exception as err:  # noqa: BLE001  (each runtime raises its own types for a file it cannot load)
-        raise ExportFailed(f"{runtime} could not load the exported program: {_shortened(_one_line(err))}") from None
+        raise ExportFailed(f"{runtime} could not load the exported program: {shortened(one_line(err))}") from None
     if loaded is None:
         print("check skipped: onnxruntime is not installed, so the ONNX file was not run (pip install "
               "'alfish[export]')", flush=True)
@@ -175,7 +173,7 @@ def _check(policy: ExportedPolicy, transformer: SequentialDataTransformer, algor
         try:
             return loaded(inputs)
         except Exception as err:  # noqa: BLE001  (as above; the env's and the torch policy's errors pass through)
-            raise ExportFailed(f"the program loaded by {runtime} failed to run: {_shortened(_one_line(err))}") from None
+            raise ExportFailed(f"the program loaded by {runtime} failed to run: {shortened(one_line(err))}") from None
 
     reference = ReferencePolicy(transformer, algorithm, env.action_space)
     checks = [check_sampled(policy, reference, run, env.observation_space, SAMPLED_OBSERVATIONS, args.seed),
@@ -204,7 +202,7 @@ def _trace(policy: ExportedPolicy, spec: EnvSpec, args: argparse.Namespace, path
         export_program(policy, example, args.format, path)
     except Exception as err:  # noqa: BLE001  (torch.export and torch.onnx raise many types for what they cannot trace)
         raise ExportFailed(f"{'torch.export' if args.format == 'pt2' else 'torch.onnx.export'} could not trace the "
-                           f"policy: {_shortened(_one_line(err))}") from None
+                           f"policy: {shortened(one_line(err))}") from None
     return time.perf_counter() - start
 
 
@@ -280,13 +278,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             gym.error.Error) as err:
         # ValueError includes a policy export does not support (NotExportableError) and an env that breaks its
         # contract; ImportError a missing package of the export extra or a trusted env module that is not installed.
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     except ExportFailed as err:
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 1
     except OSError as err:
-        print(f"error: writing the exported policy failed: {_one_line(err)}", file=sys.stderr)
+        print(f"error: writing the exported policy failed: {one_line(err)}", file=sys.stderr)
         return 1
     print(f"wrote {out} and {out}.json", flush=True)
     return 0

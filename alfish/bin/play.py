@@ -22,17 +22,15 @@ from typing import Optional, Sequence
 import gymnasium as gym
 
 from alfish.algorithms.base import Algorithm
-from alfish.algorithms.build import build_policy
 from alfish.bin.root_dir_args import add_allow_import, add_checkpoint_choice, add_root_dir, command_parser
-from alfish.config import ConfError, TrainerConfig, load_config_text
+from alfish.bin.stored_run import load_checkpoint, load_policy_config, one_line, restore_policy
+from alfish.config import ConfError
 from alfish.config.untrusted import check_env_names, trusted_prefixes
 from alfish.data.types import TimeStep
 from alfish.envs.batched_env import BatchedEnv, environment_settings
-from alfish.envs.spec import EnvSpec
 from alfish.evaluate import episodes
 from alfish.evaluate.acting import GreedyPolicy
-from alfish.rundir.checkpoint import META, Checkpointer, CheckpointError, LoadedCheckpoint
-from alfish.trainer.lifecycle import BEST_DIR
+from alfish.rundir.checkpoint import CheckpointError
 from alfish.transforms.base import SequentialDataTransformer
 
 VIDEO_SUFFIXES = (".mp4", ".gif")
@@ -113,36 +111,6 @@ def check_record_file(path: str) -> None:
                             f"{_RENDER_EXTRA} (or record a .gif)") from None
 
 
-def load_checkpoint(root_dir: str, step: Optional[int], best: bool = False) -> LoadedCheckpoint:
-    """The checkpoint of iteration ``step`` (default: the newest that verifies), or with ``best`` the best policy
-    kept in ``ROOT_DIR/checkpoints/best``."""
-    if best:
-        ckpt = Checkpointer(os.path.join(root_dir, BEST_DIR)).load_latest()
-        if ckpt is None:
-            raise CheckpointError(f"no best checkpoint under {root_dir}/{BEST_DIR}; it is kept by runs with "
-                                  "TrainerConfig.evaluate=True and Trainer.keep_best_checkpoint=True (the default)")
-        return ckpt
-    checkpointer = Checkpointer(os.path.join(root_dir, "checkpoints"))
-    if step is not None:
-        return checkpointer.load(step)
-    ckpt = checkpointer.load_latest()
-    if ckpt is None:
-        raise CheckpointError(f"no valid checkpoint under {root_dir}/checkpoints; train first "
-                              f"(python -m alfish.bin.train --root_dir {root_dir} ...)")
-    return ckpt
-
-
-def load_stored_config(root_dir: str, ckpt: LoadedCheckpoint, trusted: tuple[str, ...]) -> TrainerConfig:
-    """Parses the checkpoint's operative config in the restricted mode (`trusted`: the module prefixes allowed)."""
-    text = ckpt.meta.get("operative_config")
-    if not isinstance(text, str):
-        raise CheckpointError(f"checkpoint {ckpt.path}/{META} has no 'operative_config' text; it was not written by "
-                              f"alfish's trainer")
-    # Lines are counted within the operative_config string, not within the JSON file.
-    load_config_text(text, f"{ckpt.path}/{META}[operative_config]", trusted)
-    return TrainerConfig(root_dir=root_dir)
-
-
 def create_env(args: argparse.Namespace, trusted: tuple[str, ...]) -> BatchedEnv:
     """The one env play steps, after checking that the env names the stored config gives import nothing untrusted.
 
@@ -154,24 +122,6 @@ def create_env(args: argparse.Namespace, trusted: tuple[str, ...]) -> BatchedEnv
     check_env_names({"create_environment.env_name": settings.env_name,
                      "create_environment.env_kwargs": settings.env_kwargs}, trusted)
     return settings.create()
-
-
-def restore_policy(config: TrainerConfig, env: BatchedEnv,
-                   ckpt: LoadedCheckpoint) -> tuple[SequentialDataTransformer, Algorithm]:
-    """Builds the policy the stored config describes and loads the checkpoint's state into it."""
-    transformer, algorithm = build_policy(config, EnvSpec.of(env))
-    if "algorithm" not in ckpt.tensors:
-        raise CheckpointError(f"checkpoint {ckpt.path} has no algorithm.pt; it was not written by alfish's trainer")
-    try:
-        if "transformers" in ckpt.tensors:  # e.g. the observation normalizer's statistics
-            transformer.load_state_dict(ckpt.tensors["transformers"])
-        algorithm.load_state_dict(ckpt.tensors["algorithm"])
-    except (RuntimeError, KeyError, TypeError) as err:  # torch lists every mismatched tensor over many lines
-        raise CheckpointError(f"checkpoint {ckpt.path} does not fit the policy its stored config builds "
-                              f"({_shortened(_one_line(err))})") from None
-    transformer.eval()
-    algorithm.eval()
-    return transformer, algorithm
 
 
 write_video = episodes.write_video  # (kept importable from here)
@@ -199,10 +149,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         check_args(args)
         trusted = trusted_prefixes(args.allow_import)
         ckpt = load_checkpoint(args.root_dir, args.checkpoint_step, args.best)
-        config = load_stored_config(args.root_dir, ckpt, trusted)
-        if config.ml_type != "rl":
-            raise PlayError(f"{args.root_dir} trained a supervised model (TrainerConfig.ml_type={config.ml_type!r}): "
-                            "there is no policy to play")
+        config = load_policy_config(args.root_dir, ckpt, trusted, "play")
         env = create_env(args, trusted)
         transformer, algorithm = restore_policy(config, env, ckpt)
         time_step = env.reset()
@@ -213,7 +160,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             gym.error.Error) as err:
         # ValueError includes an env that breaks its contract (EnvContractError) during an episode; ImportError a
         # trusted (--allow_import) env module that is not installed.
-        print(f"error: {_one_line(err)}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     finally:
         if env is not None:
@@ -225,16 +172,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         write_video(args.record_file, frames, fps)
         print(f"recorded {len(frames)} frames to {args.record_file}", flush=True)
     return 0
-
-
-def _one_line(err: BaseException) -> str:
-    """`err`'s message on one line (gin appends "In call to configurable ..." lines to errors it re-raises)."""
-    return " ".join(str(err).split()) or type(err).__name__
-
-
-def _shortened(text: str, limit: int = 300) -> str:
-    """`text` cut to `limit` characters (torch's state-dict errors list every mismatched tensor)."""
-    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 if __name__ == "__main__":

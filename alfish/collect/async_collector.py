@@ -29,7 +29,7 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.async_child import UnrollSpec, child_main
-from alfish.collect.child_process import ChildChannels, reap_child, without_rank_variables
+from alfish.collect.child_process import ChildChannels, reap_child, spawn_child, without_rank_variables
 from alfish.collect.collector import Collector, ProgressPoint, Sink
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock, SharedParams, rollout_state
@@ -96,13 +96,8 @@ class AsyncCollector(Collector):
         self.block: Optional[ParamBlock] = None
         self.policy_lag = PolicyLag()
         self._iteration = 0
-        # Not a daemon, so that its envs may be subprocesses (vectorization='async'); ``close`` runs at exit too.
-        self.process: Optional[mp.process.BaseProcess] = self._ctx.Process(
-            target=child_main, name="alfish-async-unroll", daemon=False,
-            args=(spec, self.shared, channels))
-        with without_rank_variables():
-            self.process.start()
-        atexit.register(self.close)  # (registered after multiprocessing's own exit hook: runs before it)
+        self.process: Optional[mp.process.BaseProcess] = spawn_child(
+            self._ctx, child_main, "alfish-async-unroll", (spec, self.shared, channels), self.close)
         logging.info("async unroll: child process %d started", self.process.pid)
         try:
             self.spec = self._receive_spec()

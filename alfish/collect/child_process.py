@@ -18,6 +18,7 @@ non-daemonic children, cannot wait on one. Both are stopped by a shared flag (``
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import multiprocessing.util
@@ -144,6 +145,19 @@ def without_rank_variables() -> Iterator[None]:
         yield
     finally:
         os.environ.update(saved)
+
+
+def spawn_child(ctx: Any, target: Callable[..., None], name: str, args: tuple, close: Callable[[], None]) -> Any:
+    """Start ``target(*args)`` as the non-daemonic child process ``name`` of the spawn context ``ctx``, without the
+    rank variables, and register the parent's ``close`` to run at exit. Not a daemon, so that the child's envs may be
+    subprocesses (``vectorization='async'``), which a daemon cannot have; and since the interpreter's exit joins
+    non-daemonic children, ``close`` (which stops and reaps it, bounded) runs at exit too, registered after
+    multiprocessing's own exit hook so it runs before it. Returns the started process."""
+    process = ctx.Process(target=target, name=name, daemon=False, args=args)
+    with without_rank_variables():
+        process.start()
+    atexit.register(close)
+    return process
 
 
 def finish_child(resources: Iterable[Any], results: Any, errors: Any, exit_code: int) -> None:

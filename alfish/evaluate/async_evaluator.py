@@ -50,6 +50,7 @@ from alfish.collect.child_process import (
     ChildProcessFailed,
     gin_constants,
     reap_child,
+    spawn_child,
     without_rank_variables,
 )
 from alfish.collect.shared_params import POLL_S, ParamBlock
@@ -111,14 +112,8 @@ class AsyncEvaluator:
         self._cond = threading.Condition()
         self._failure: Optional[BaseException] = None
         self._closing = False
-        # Not a daemon: its eval envs may be subprocesses (vectorization='async'), which a daemon cannot have. So that
-        # the interpreter's exit (which joins non-daemonic children) cannot wait on it, ``close`` runs at exit too.
-        self.process: Optional[mp.process.BaseProcess] = self._ctx.Process(
-            target=eval_child_main, name="alfish-async-eval", daemon=False,
-            args=(spec, self.shared, channels))
-        with without_rank_variables():
-            self.process.start()
-        atexit.register(self.close)  # (registered after multiprocessing's own exit hook: runs before it)
+        self.process: Optional[mp.process.BaseProcess] = spawn_child(
+            self._ctx, eval_child_main, "alfish-async-eval", (spec, self.shared, channels), self.close)
         self.pid = self.process.pid
         self._watcher = threading.Thread(target=self._watch, name="alfish-async-eval-watcher", daemon=True)
         try:

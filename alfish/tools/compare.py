@@ -34,7 +34,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from alfish.tools.cli import ToolError, report
-from alfish.tools.runs import Group, groups_from_args, read_group
+from alfish.tools.runs import Group, groups_from_args, read_group, tool_parser
 from alfish.tools.stats import align
 
 FORMATS = ("text", "csv", "markdown", "json")
@@ -124,11 +124,7 @@ def format_table(rows: Sequence[Row], fmt: str, threshold: Optional[float] = Non
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m alfish.tools.compare", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dirs", nargs="*", metavar="DIR", help="a results directory (or glob pattern): one row each")
-    parser.add_argument("--run", action="append", default=[], metavar="LABEL=DIR[,DIR...]",
-                        help="a group of runs (seeds): one row (repeatable)")
+    parser = tool_parser("compare", __doc__, ": one row each", "a group of runs (seeds): one row")
     parser.add_argument("--threshold", type=float, default=None, help="a return to reach (adds the 'to >= T' column)")
     parser.add_argument("--field", default="average_return", help="the eval log's number to compare")
     parser.add_argument("--format", default="text", choices=FORMATS)

@@ -28,7 +28,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from alfish.tools.cli import ToolError, report
-from alfish.tools.runs import X_AXES, X_LABELS, Group, groups_from_args, read_group
+from alfish.tools.runs import X_AXES, X_LABELS, Group, groups_from_args, read_group, tool_parser
 from alfish.tools.stats import BANDS, align, bootstrap_ci, iqm, mean_band
 
 FORMATS = (".png", ".svg")
@@ -49,11 +49,8 @@ class Series:
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m alfish.tools.plot", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dirs", nargs="*", metavar="DIR", help="a results directory (or glob pattern), on its own")
-    parser.add_argument("--run", action="append", default=[], metavar="LABEL=DIR[,DIR...]",
-                        help="a configuration's runs (seeds), drawn as one curve with a band (repeatable)")
+    parser = tool_parser("plot", __doc__, ", on its own",
+                         "a configuration's runs (seeds), drawn as one curve with a band")
     parser.add_argument("-o", "--output", required=True, help="the figure to write: .png or .svg")
     parser.add_argument("--tag", default=None, help="a TensorBoard scalar to draw instead of the eval log")
     parser.add_argument("--field", default="average_return", help="the eval log's number to draw (without --tag)")

@@ -10,6 +10,7 @@ its own is a group of one, labelled by its path.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import glob
 import json
@@ -83,6 +84,18 @@ def parse_group(spec: str) -> Group:
     if not sep or not label or not dirs:
         raise ToolError(f"--run {spec!r} must be LABEL=DIR[,DIR...] (a DIR may be a quoted glob pattern)")
     return Group(label, expand(dirs.split(","), f"--run {label}"))
+
+
+def tool_parser(tool: str, description: str, each_dir: str, each_run: str) -> argparse.ArgumentParser:
+    """The parser of ``python -m alfish.tools.<tool>`` with the run selection every analysis tool takes: directories
+    named on their own (``each_dir``: what each becomes) and ``--run LABEL=DIR[,DIR...]`` groups (``each_run``);
+    ``groups_from_args(args.run, args.dirs)`` reads them."""
+    parser = argparse.ArgumentParser(prog=f"python -m alfish.tools.{tool}", description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("dirs", nargs="*", metavar="DIR", help=f"a results directory (or glob pattern){each_dir}")
+    parser.add_argument("--run", action="append", default=[], metavar="LABEL=DIR[,DIR...]",
+                        help=f"{each_run} (repeatable)")
+    return parser
 
 
 def groups_from_args(run_specs: Sequence[str], paths: Sequence[str]) -> list[Group]:

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from alfish.bin import export, play
+from alfish.bin import export, play, stored_run
 from alfish.data.types import StepType, TimeStep
 from alfish.envs.spec import EnvSpec
 from alfish.export.formats import load_program
@@ -75,10 +75,10 @@ def exported(runs, tmp_path_factory) -> dict[tuple[str, str], pathlib.Path]:
 
 def restored(root: pathlib.Path):
     """The policy play restores from ``root``: (env of one copy, transformer, algorithm)."""
-    ckpt = play.load_checkpoint(str(root), None)
-    config = play.load_stored_config(str(root), ckpt, ("alfish",))
+    ckpt = stored_run.load_checkpoint(str(root), None)
+    config = stored_run.load_stored_config(str(root), ckpt, ("alfish",))
     env = play.create_env(argparse.Namespace(render=False, record_file=None, seed=0), ("alfish",))
-    transformer, algorithm = play.restore_policy(config, env, ckpt)
+    transformer, algorithm = stored_run.restore_policy(config, env, ckpt)
     return env, transformer, algorithm
 
 
