@@ -10,8 +10,9 @@ an iteration, as a cluster sends it: the trainer writes a checkpoint and exits):
   B  stopped after iteration N, then resumed in a new process and stopped after iteration 2N
 
 then A's and B's checkpoints at 2N are compared: every tensor (parameters, optimizer state, replay buffer, data
-transformers, the envs' episodes in flight, RNG states), the counters, and the evaluations both recorded (returns and
-iterations; times excluded). The first difference is printed with its path (e.g. ``learner/optimizer/state/3/exp_avg``)
+transformers, the envs' episodes in flight, RNG states), the counters, and the evaluations (returns and iterations;
+times excluded; an asynchronous evaluation sent just before the stop may be recorded by one run and still pending in
+the other's checkpoint, depending on the evaluator's speed: that is no difference, ``compare_evaluations``). The first difference is printed with its path (e.g. ``learner/optimizer/state/3/exp_avg``)
 and the exit status is 1; 0 when everything is equal; 2 for bad arguments. Choose N so that episodes are in flight at
 the stop (not a multiple of the episode length): that is what the envs' restore is for.
 
@@ -99,18 +100,43 @@ def compare(root_a: str, root_b: str, step: int) -> Optional[str]:
     """The first difference between the two runs' checkpoints at ``step`` and their evaluations, or None."""
     a = Checkpointer(os.path.join(root_a, "checkpoints")).load(step)
     b = Checkpointer(os.path.join(root_b, "checkpoints")).load(step)
+    pending_a, pending_b = a.tensors.pop("pending_evaluations", []), b.tensors.pop("pending_evaluations", [])
     found = first_difference(a.tensors, b.tensors)
     if found:
         return found
     for key in ("iteration", "env_steps", "unroll_credit", "num_episodes", "seed"):
         if a.meta.get(key) != b.meta.get(key):
             return f"meta/{key}: {a.meta.get(key)!r} vs {b.meta.get(key)!r}"
-    evals_a, evals_b = evaluations(root_a), evaluations(root_b)
-    if evals_a != evals_b:
-        pairs = list(zip(evals_a, evals_b))
-        index = next((i for i, (x, y) in enumerate(pairs) if x != y), len(pairs))
-        return (f"eval_log.jsonl line {index + 1}: {evals_a[index] if index < len(evals_a) else 'missing'} vs "
-                f"{evals_b[index] if index < len(evals_b) else 'missing'}")
+    return compare_evaluations(evaluations(root_a), pending_a, evaluations(root_b), pending_b)
+
+
+def compare_evaluations(recorded_a: list[dict], pending_a: list[dict], recorded_b: list[dict],
+                        pending_b: list[dict]) -> Optional[str]:
+    """The first difference between two runs' evaluations, or None. Each evaluation is either recorded (a line of
+    ``eval_log.jsonl``, times excluded) or pending in the checkpoint (sent before the stop, re-run after a resume).
+    Which of the two an evaluation sent just before the stop is depends on how fast the evaluator was, not on the
+    run: an iteration recorded in one run and pending in the other is no difference. An iteration recorded (or
+    pending) in both must be equal; one that a run has neither recorded nor pending is a difference."""
+    def by_iteration(items: list[dict]) -> dict[int, list[dict]]:
+        grouped: dict[int, list[dict]] = {}
+        for item in items:
+            grouped.setdefault(int(item["iteration"]), []).append(item)
+        return grouped
+
+    rec_a, rec_b = by_iteration(recorded_a), by_iteration(recorded_b)
+    pend_a, pend_b = by_iteration(pending_a), by_iteration(pending_b)
+    for iteration in sorted(set(rec_a) | set(rec_b) | set(pend_a) | set(pend_b)):
+        if iteration in rec_a and iteration in rec_b:
+            found = first_difference(rec_a[iteration], rec_b[iteration], f"eval_log.jsonl/iteration {iteration}")
+        elif iteration in pend_a and iteration in pend_b:
+            found = first_difference(pend_a[iteration], pend_b[iteration], f"pending_evaluations/iteration {iteration}")
+        elif (iteration in rec_a and iteration in pend_b) or (iteration in pend_a and iteration in rec_b):
+            found = None  # sent before the stop: recorded by one run in time, kept pending by the other
+        else:
+            side = "the first run" if iteration in rec_a or iteration in pend_a else "the second run"
+            found = f"the evaluation of iteration {iteration}: only {side} recorded or kept it"
+        if found:
+            return found
     return None
 
 
