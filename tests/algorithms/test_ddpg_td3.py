@@ -275,7 +275,7 @@ def test_discrete_action_space_is_an_error():
 def test_td3_takes_every_ddpg_parameter_from_gin_with_its_own_defaults():
     import gin
 
-    from alfish.config.loading import _parameter_names
+    from alfish.config.gin_names import parameter_names as _parameter_names
 
     assert _parameter_names("Td3Algorithm") == _parameter_names("DdpgAlgorithm")
     obs_space, act_space = spaces("Pendulum-v1")

@@ -143,13 +143,15 @@ def test_child_acts_with_new_parameters_after_they_are_published(rig_factory):
 
 
 # Registered in this process only (as a user's script may register one before training): the child, which imports
-# neither this module nor the script, parses the config text naming it from the spec's gin_constants.
-gin.constant("test_async_collector.GAMMA", 0.9)
+# neither this module nor the script, parses the config text naming it from the spec's gin_constants. A name no
+# other test uses: gin resolves `%NAME` by its last part too, so a constant named like another test's macro (GAMMA)
+# would change what that test's config means once this module is imported.
+gin.constant("test_async_collector.DISCOUNT_SHIPPED_TO_THE_CHILD", 0.9)
 
 
 def test_the_child_parses_a_config_naming_a_gin_constant_of_the_trainer(rig_factory):
-    rig = rig_factory(DQN_CHAIN + "DqnAlgorithm.gamma = %test_async_collector.GAMMA\n")
-    assert "%test_async_collector.GAMMA" in gin.config_str()  # (the text the child parses names it)
+    rig = rig_factory(DQN_CHAIN + "DqnAlgorithm.gamma = %test_async_collector.DISCOUNT_SHIPPED_TO_THE_CHILD\n")
+    assert "%test_async_collector.DISCOUNT_SHIPPED_TO_THE_CHILD" in gin.config_str()  # (the text the child parses)
     assert len(rig.unroller.receive(3)) == 3
 
 
