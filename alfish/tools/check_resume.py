@@ -12,9 +12,10 @@ an iteration, as a cluster sends it: the trainer writes a checkpoint and exits):
 then A's and B's checkpoints at 2N are compared: every tensor (parameters, optimizer state, replay buffer, data
 transformers, the envs' episodes in flight, RNG states), the counters, and the evaluations (returns and iterations;
 times excluded; an asynchronous evaluation sent just before the stop may be recorded by one run and still pending in
-the other's checkpoint, depending on the evaluator's speed: that is no difference, ``compare_evaluations``). The
-first difference is printed with its path (e.g. ``learner/optimizer/state/3/exp_avg``) and the exit status is 1; 0 when everything is equal; 2 for bad arguments. Choose N so that episodes are in flight at
-the stop (not a multiple of the episode length): that is what the envs' restore is for.
+the other's checkpoint, depending on the evaluator's speed: that is no difference, ``compare_evaluations``). The first
+difference is printed with its path (e.g. ``learner/optimizer/state/3/exp_avg``) and the exit status is 1; 0 when
+everything is equal; 2 for bad arguments. Choose N so that episodes are in flight at the stop (not a multiple of the
+episode length): that is what the envs' restore is for.
 
 Exact for a synchronous unroll on one process (``async_unroll=False``, no torchrun) with deterministic environments,
 at the same device type, thread count and compile setting (``README``: "Exact resume").
