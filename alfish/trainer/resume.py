@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import time
 from typing import Optional
 
 import gin
@@ -42,13 +41,13 @@ from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.rundir.checkpoint import Checkpointer, CheckpointError, CheckpointWriteError, LoadedCheckpoint
 from alfish.rundir.disk import write_failure
 from alfish.rundir.rng import capture_rng_state, restore_rng_state
+from alfish.rundir.set_aside import aside_path, start_over
 from alfish.seeding import reseed, seed_everything
 from alfish.trainer.counters import Counters
 from alfish.transforms.base import DataTransformer
 
 CHECKPOINT_LAYOUT = 2
 # What a run leaves in its root_dir that a run started over would mix with its own (``--fresh`` moves them aside).
-RUN_STATE = ("checkpoints", "tb", "eval_log.jsonl", "scalars.csv", "videos")
 _MAX_LISTED = 4  # damaged checkpoints named in the refusal, the rest counted
 
 
@@ -216,7 +215,7 @@ def _choose_on_main(root_dir: str, checkpointer: Checkpointer, fresh: bool) -> O
     if scan.latest is None and scan.damaged:
         raise CheckpointError(refusal_message(root_dir, checkpointer, scan.damaged))
     if scan.damaged:  # newer than the one resumed: keep them, out of the way of this run's saves
-        dest = _unique_path(os.path.join(root_dir, f"checkpoints.damaged-{_timestamp()}"))
+        dest = aside_path(root_dir, "checkpoints.damaged")
         checkpointer.set_aside([step for step, _ in scan.damaged], dest)
         logging.warning("moved %d checkpoint(s) that do not verify (newer than step %d) to %s; nothing was deleted",
                         len(scan.damaged), scan.latest.step, dest)
@@ -232,31 +231,3 @@ def refusal_message(root_dir: str, checkpointer: Checkpointer,
             f"{', '.join(listed)}{more}; the warnings above say why); to start from iteration 0 rerun with --fresh "
             f"(moves them to {os.path.join(root_dir, 'before-fresh-<time>')}, deletes nothing), or put intact "
             "copies back to resume")
-
-
-def start_over(root_dir: str) -> Optional[str]:
-    """Move the previous run's checkpoints, TensorBoard events and evaluation log (``RUN_STATE``) into
-    ``<root_dir>/before-fresh-<time>/``; returns that folder, or None when there was nothing to move."""
-    present = [name for name in RUN_STATE if os.path.lexists(os.path.join(root_dir, name))]
-    if not present:
-        return None
-    dest = _unique_path(os.path.join(root_dir, f"before-fresh-{_timestamp()}"))
-    os.makedirs(dest)
-    for name in present:
-        os.rename(os.path.join(root_dir, name), os.path.join(dest, name))
-    logging.warning("--fresh: moved %s to %s (nothing was deleted); training starts from iteration 0",
-                    ", ".join(present), dest)
-    return dest
-
-
-def _timestamp() -> str:
-    return time.strftime("%Y%m%d-%H%M%S")
-
-
-def _unique_path(path: str) -> str:
-    """``path``, or ``path-2``, ``path-3``, ... if it exists (two set-asides within a second)."""
-    candidate, n = path, 1
-    while os.path.lexists(candidate):
-        n += 1
-        candidate = f"{path}-{n}"
-    return candidate

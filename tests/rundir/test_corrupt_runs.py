@@ -112,7 +112,7 @@ def test_fresh_also_moves_intact_checkpoints(cli, trained, capfd):  # noqa: F811
 
 def test_fresh_twice_in_a_second_keeps_both(tmp_path):
     """Two set-asides with the same timestamp get distinct folders; nothing to move is no folder at all."""
-    from alfish.trainer.resume import start_over
+    from alfish.rundir.set_aside import start_over
 
     assert start_over(str(tmp_path)) is None and os.listdir(tmp_path) == []
     (tmp_path / "eval_log.jsonl").write_text("{}\n")
