@@ -162,7 +162,7 @@ def load_env_config(args: argparse.Namespace, trusted: tuple[str, ...]) -> Optio
         ckpt = load_checkpoint(args.root_dir, args.checkpoint_step)
         load_stored_config(args.root_dir, ckpt, trusted)
         return ckpt
-    ckpt = Checkpointer(os.path.join(args.root_dir, "checkpoints")).load_latest()
+    ckpt = Checkpointer(os.path.join(args.root_dir, "checkpoints"), root_dir=args.root_dir).load_latest()
     if ckpt is not None:
         load_stored_config(args.root_dir, ckpt, trusted)
         return ckpt
@@ -285,7 +285,8 @@ def collect(args: argparse.Namespace) -> tuple[Steps, str]:
 
         path = args.root_dir
         if args.checkpoint_step is not None:
-            path = Checkpointer(os.path.join(args.root_dir, "checkpoints")).path_of(args.checkpoint_step)
+            checkpointer = Checkpointer(os.path.join(args.root_dir, "checkpoints"), root_dir=args.root_dir)
+            path = checkpointer.path_of(args.checkpoint_step)
             if not os.path.isdir(path):
                 raise CollectError(f"no checkpoint at step {args.checkpoint_step}: {path} does not exist")
         steps = read_run(path)

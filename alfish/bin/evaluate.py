@@ -67,7 +67,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
 def checkpoints_to_evaluate(args: argparse.Namespace) -> list[LoadedCheckpoint]:
     if not args.all:
         return [load_checkpoint(args.root_dir, args.checkpoint_step, args.best)]
-    checkpointer = Checkpointer(os.path.join(args.root_dir, "checkpoints"))
+    checkpointer = Checkpointer(os.path.join(args.root_dir, "checkpoints"), root_dir=args.root_dir)
     loaded = []
     for step in checkpointer.steps():
         try:

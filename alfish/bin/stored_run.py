@@ -24,12 +24,12 @@ def load_checkpoint(root_dir: str, step: Optional[int], best: bool = False) -> L
     """The checkpoint of iteration ``step`` (default: the newest that verifies), or with ``best`` the best policy
     kept in ``ROOT_DIR/checkpoints/best``."""
     if best:
-        ckpt = Checkpointer(os.path.join(root_dir, BEST_DIR)).load_latest()
+        ckpt = Checkpointer(os.path.join(root_dir, BEST_DIR), root_dir=root_dir).load_latest()
         if ckpt is None:
             raise CheckpointError(f"no best checkpoint under {root_dir}/{BEST_DIR}; it is kept by runs with "
                                   "TrainerConfig.evaluate=True and Trainer.keep_best_checkpoint=True (the default)")
         return ckpt
-    checkpointer = Checkpointer(os.path.join(root_dir, "checkpoints"))
+    checkpointer = Checkpointer(os.path.join(root_dir, "checkpoints"), root_dir=root_dir)
     if step is not None:
         return checkpointer.load(step)
     ckpt = checkpointer.load_latest()

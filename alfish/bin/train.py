@@ -118,7 +118,7 @@ def disk_failure(err: BaseException, root_dir: str) -> Optional[str]:
             return None
         message = (write_failure("", os_err.filename, os_err) if os_err.filename
                    else write_failure("under", root_dir, os_err))
-    return f"{message}; {Checkpointer(os.path.join(root_dir, 'checkpoints')).last_checkpoint_note()}"
+    return f"{message}; {Checkpointer(os.path.join(root_dir, 'checkpoints'), root_dir=root_dir).last_checkpoint_note()}"
 
 
 def one_line(err: BaseException) -> str:

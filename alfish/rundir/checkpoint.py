@@ -105,16 +105,20 @@ class Checkpointer:
         ckpt_root: directory holding the checkpoints; created on the first save.
         max_to_keep: how many checkpoints to keep; after each successful save, once the new checkpoint verified
             (its files read back and hashed), the oldest (by step) beyond this many are deleted. ``None`` keeps all.
+        root_dir: the results directory ``ckpt_root`` lies in, as the user typed it (it may be a symlink). Below it
+            no symlink is followed and only regular files and directories are opened (``alfish.rundir.safe_paths``).
+            ``None``: ``ckpt_root`` itself is the directory the user typed.
 
     Only one process may save into a ``ckpt_root`` at a time (in DDP: rank 0).
     """
 
-    def __init__(self, ckpt_root: str, max_to_keep: int | None = None) -> None:
+    def __init__(self, ckpt_root: str, max_to_keep: int | None = None, root_dir: str | None = None) -> None:
         if max_to_keep is not None and (isinstance(max_to_keep, bool) or not isinstance(max_to_keep, int)
                                         or max_to_keep < 1):
             raise ValueError(f"max_to_keep must be None (keep all) or an int >= 1, got {max_to_keep!r}")
         self.ckpt_root = os.path.abspath(os.fspath(ckpt_root))
         self.max_to_keep = max_to_keep
+        self.root_dir = os.path.abspath(os.fspath(root_dir)) if root_dir is not None else self.ckpt_root
 
     # ------------------------------------------------------------------ paths
 

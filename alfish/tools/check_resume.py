@@ -99,8 +99,8 @@ def evaluations(root: str) -> list[dict]:
 
 def compare(root_a: str, root_b: str, step: int) -> Optional[str]:
     """The first difference between the two runs' checkpoints at ``step`` and their evaluations, or None."""
-    a = Checkpointer(os.path.join(root_a, "checkpoints")).load(step)
-    b = Checkpointer(os.path.join(root_b, "checkpoints")).load(step)
+    a = Checkpointer(os.path.join(root_a, "checkpoints"), root_dir=root_a).load(step)
+    b = Checkpointer(os.path.join(root_b, "checkpoints"), root_dir=root_b).load(step)
     pending_a, pending_b = a.tensors.pop("pending_evaluations", []), b.tensors.pop("pending_evaluations", [])
     found = first_difference(a.tensors, b.tensors)
     if found:

@@ -39,7 +39,7 @@ BEST_DIR = os.path.join("checkpoints", "best")
 
 def best_checkpointer(root_dir: str) -> Checkpointer:
     """The Checkpointer of ``ROOT_DIR/checkpoints/best`` (one checkpoint kept: the best)."""
-    return Checkpointer(os.path.join(root_dir, BEST_DIR), max_to_keep=1)
+    return Checkpointer(os.path.join(root_dir, BEST_DIR), max_to_keep=1, root_dir=root_dir)
 
 
 class StopAtValue(TrainerCallback):

@@ -36,7 +36,7 @@ def load_run_checkpoint(path: str | os.PathLike) -> LoadedCheckpoint:
     path = Path(path)
     if is_checkpoint_dir(path):
         return Checkpointer(str(path.parent)).load(int(path.name[len("ckpt-"):]))
-    ckpt = Checkpointer(str(path / "checkpoints")).load_latest()
+    ckpt = Checkpointer(str(path / "checkpoints"), root_dir=str(path)).load_latest()
     if ckpt is None:
         raise ValueError(f"{path}: no valid checkpoint under {path / 'checkpoints'} to read a replay buffer from")
     return ckpt
