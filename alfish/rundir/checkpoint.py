@@ -33,13 +33,17 @@ from alfish.rundir.checkpoint_format import (
     read_verified,
     verify_manifest,
 )
+from alfish.console.printable import printable
+from alfish.rundir.checkpoint_meta import MAX_STEP
 from alfish.rundir.disk import disk_error_in, write_failure
+from alfish.rundir.safe_paths import UnsafePathError, kind_in_root, list_dir_in_root
 
 __all__ = ["CheckpointError", "CheckpointWriteError", "LoadedCheckpoint", "Checkpointer", "Scan", "MANIFEST", "META"]
 
 logger = logging.getLogger(__name__)
 
-_CKPT_RE = re.compile(r"^ckpt-(\d+)$")
+# ckpt-<step>: decimal ASCII digits without leading zeros (the name path_of gives), at most 18 of them
+_CKPT_RE = re.compile(r"^ckpt-(0|[1-9][0-9]{0,17})$")
 _TMP_RE = re.compile(r"^\.tmp-(?:old-)?ckpt-(\d+)-(\d+)$")
 
 
@@ -130,21 +134,21 @@ class Checkpointer:
         """Steps (training iterations) of the checkpoint directories, ascending; contents not verified.
 
         Only finished checkpoints are ever renamed to ``ckpt-<step>``, so each such directory counts (loading then
-        verifies it); temporary ``.tmp-*`` directories left by a killed process are ignored.
+        verifies it); temporary ``.tmp-*`` directories left by a killed process are ignored, and so are names that
+        are not a real directory (a symlink is not followed) or whose step has more than 18 digits.
+
+        Raises:
+            CheckpointError: ``ckpt_root`` cannot be listed, or is reached through a link (one line).
         """
         try:
-            names = os.listdir(self.ckpt_root)
-        except FileNotFoundError:
-            return []
+            names = list_dir_in_root(self.root_dir, self.ckpt_root)
+            return sorted(int(m.group(1)) for m in map(_CKPT_RE.match, names)
+                          if m and kind_in_root(self.root_dir, os.path.join(self.ckpt_root, m.group(0))) == "dir")
+        except UnsafePathError as e:
+            raise CheckpointError(printable(str(e)), file=e.filename) from None
         except OSError as e:
             raise CheckpointError(f"cannot list checkpoint directory {self.ckpt_root}: {e.strerror or e}; "
                                   "check that it exists and is readable") from e
-        steps = []
-        for name in names:
-            m = _CKPT_RE.match(name)
-            if m and os.path.isdir(os.path.join(self.ckpt_root, name)):
-                steps.append(int(m.group(1)))
-        return sorted(steps)
 
     # ------------------------------------------------------------------ saving
 
@@ -300,9 +304,9 @@ class Checkpointer:
             except CheckpointError as e:
                 damaged.append((steps[i], e))
                 if i > 0:
-                    logger.warning("%s; falling back to an older checkpoint (step %d)", e, steps[i - 1])
+                    logger.warning("%s; falling back to an older checkpoint (step %d)", printable(str(e)), steps[i - 1])
                 else:
-                    logger.warning("%s; no older checkpoint is left to fall back to", e)
+                    logger.warning("%s; no older checkpoint is left to fall back to", printable(str(e)))
         return Scan(None, damaged)
 
     def set_aside(self, steps: list[int], dest: str) -> list[str]:
@@ -331,20 +335,33 @@ class Checkpointer:
         try:
             return self._load(step)
         except CheckpointError as e:
-            if not os.path.isdir(self.path_of(step)):
-                raise  # the message already lists the steps there are
+            if self._kind(step) != "dir":
+                raise  # the message already lists the steps there are, or says what is there instead
             raise CheckpointError(f"{e}; load another step (available: {self.steps()}) or move {self.path_of(step)} "
                                   "out of the checkpoints folder", file=e.file) from e
 
+    def _kind(self, step: int) -> str:
+        """What the directory of ``step`` is ('dir', 'missing', 'symlink', ...), not following links."""
+        try:
+            return kind_in_root(self.root_dir, self.path_of(step))
+        except UnsafePathError as e:
+            raise CheckpointError(printable(str(e)), file=e.filename) from None
+
     def _load(self, step: int) -> LoadedCheckpoint:
         path = self.path_of(step)
-        if not os.path.isdir(path):
+        kind = self._kind(step)
+        if kind == "missing":
             raise CheckpointError(f"no checkpoint at step {step}: {path} does not exist "
                                   f"(available steps: {self.steps() or 'none'})", file=path)
-        return read_verified(path, step, self._verify(path, step))
+        if kind != "dir":
+            raise CheckpointError(f"checkpoint {path} is a {kind}, not a directory; alfish never follows links inside a "
+                                  "results directory: replace it with a real directory or move it away", file=path)
+        return read_verified(self.root_dir, path, step)
 
-    # Check a directory against its manifest and return the manifest; CheckpointError names the failing file.
-    _verify = staticmethod(verify_manifest)
+    def _verify(self, path: str, step: int) -> dict:
+        """Check the directory ``path`` of ``step`` against its manifest and return the manifest; CheckpointError
+        names the failing file."""
+        return verify_manifest(self.root_dir, path, step)
 
     @staticmethod
     def _check_step(step: int) -> int:
@@ -352,6 +369,6 @@ class Checkpointer:
             value = operator.index(step)  # int, numpy integer, 0-d integer tensor
         except TypeError:
             value = -1
-        if isinstance(step, bool) or value < 0:
-            raise CheckpointError(f"step must be an int >= 0 (the training iteration), got {step!r}")
+        if isinstance(step, bool) or not 0 <= value <= MAX_STEP:
+            raise CheckpointError(f"step must be an int >= 0 (the training iteration, at most {MAX_STEP}), got {step!r}")
         return value
