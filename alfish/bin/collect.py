@@ -62,6 +62,7 @@ from alfish.envs.batched_env import BatchedEnv, environment_settings
 from alfish.evaluate.acting import GreedyPolicy
 from alfish.replay.offline.steps import Steps, check_steps
 from alfish.rundir.checkpoint import Checkpointer, CheckpointError, LoadedCheckpoint
+from alfish.rundir.safe_paths import UnsafePathError, kind_in_root, read_bytes_in_root
 
 FORMATS = ("alfish", "minari")
 OFFLINE_EXTRA = "pip install 'alfish[offline]'"
@@ -167,11 +168,13 @@ def load_env_config(args: argparse.Namespace, trusted: tuple[str, ...]) -> Optio
         load_stored_config(args.root_dir, ckpt, trusted)
         return ckpt
     path = os.path.join(args.root_dir, STORED_CONFIG)
-    if not os.path.isfile(path):  # (isfile: a FIFO planted there would block the read)
+    try:  # bounded (alfish writes a few KB), never through a link, never a FIFO (it would block the read)
+        data = read_bytes_in_root(args.root_dir, STORED_CONFIG, MAX_STORED_CONFIG_BYTES)
+    except FileNotFoundError:
         raise CollectError(f"{args.root_dir} has neither a valid checkpoint nor {STORED_CONFIG}; it is not the results "
-                           "directory of an alfish run")
-    with open(path, "rb") as f:  # bounded: alfish writes a few KB
-        data = f.read(MAX_STORED_CONFIG_BYTES + 1)
+                           "directory of an alfish run") from None
+    except UnsafePathError as err:
+        raise CollectError(str(err)) from None
     if len(data) > MAX_STORED_CONFIG_BYTES:
         raise CollectError(f"{path} holds more than {MAX_STORED_CONFIG_BYTES} bytes; it is not a config alfish wrote")
     try:
@@ -287,8 +290,15 @@ def collect(args: argparse.Namespace) -> tuple[Steps, str]:
         if args.checkpoint_step is not None:
             checkpointer = Checkpointer(os.path.join(args.root_dir, "checkpoints"), root_dir=args.root_dir)
             path = checkpointer.path_of(args.checkpoint_step)
-            if not os.path.isdir(path):
+            try:
+                kind = kind_in_root(args.root_dir, path)
+            except UnsafePathError as err:
+                raise CollectError(str(err)) from None
+            if kind == "missing":
                 raise CollectError(f"no checkpoint at step {args.checkpoint_step}: {path} does not exist")
+            if kind != "dir":
+                raise CollectError(f"{path} is a {kind}, not a checkpoint directory; alfish never follows links "
+                                   "inside a results directory")
         steps = read_run(path)
         check_steps(steps)
         steps = head(steps, args.num_steps)

@@ -62,9 +62,11 @@ from alfish.export.formats import FORMATS, SUFFIXES, check_format_packages, expo
 from alfish.export.policy_module import ExportedPolicy
 from alfish.export.verify import TOLERANCE, CheckResult, ReferencePolicy, check_rollout, check_sampled
 from alfish.rundir.checkpoint import CheckpointError, LoadedCheckpoint
+from alfish.rundir.safe_paths import UnsafePathError, kind_in_root, make_dirs_in_root
 from alfish.transforms.base import SequentialDataTransformer
 
 SAMPLED_OBSERVATIONS = 1000
+EXPORT_DIR = "export"  # the default --out's folder, inside the results directory
 ROLLOUT_STEPS = 200
 
 
@@ -124,7 +126,7 @@ def export(args: argparse.Namespace) -> tuple[str, dict]:
     trusted = trusted_prefixes(args.allow_import)
     ckpt = load_checkpoint(args.root_dir, args.checkpoint_step, args.best)
     config = load_policy_config(args.root_dir, ckpt, trusted, "export")
-    out = args.out or os.path.join(args.root_dir, "export", f"policy-{ckpt.step}{SUFFIXES[args.format]}")
+    out = args.out or default_out(args.root_dir, f"policy-{ckpt.step}{SUFFIXES[args.format]}")
     check_out(out, args.format)
     env = create_env(argparse.Namespace(render=False, record_file=None, seed=args.seed), trusted)
     try:
@@ -135,7 +137,10 @@ def export(args: argparse.Namespace) -> tuple[str, dict]:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         tmp = os.path.join(os.path.dirname(os.path.abspath(out)),
                            f".{os.path.basename(out)}.tmp-{os.getpid()}{SUFFIXES[args.format]}")
+        created = False
         try:
+            _create_new(tmp)  # the exporters write by name: into a regular file just made, never through a link
+            created = True
             seconds = _trace(policy, spec, args, tmp)
             print(f"exported {ckpt.path} ({type(algorithm).__name__}{_recurrent_note(policy)}) as {args.format} in "
                   f"{seconds:.2f} s", flush=True)
@@ -143,7 +148,7 @@ def export(args: argparse.Namespace) -> tuple[str, dict]:
             record = export_record(args, out, ckpt, env, policy, seconds, checks)
             os.replace(tmp, out)
         finally:
-            if os.path.exists(tmp):
+            if created and os.path.lexists(tmp):
                 os.remove(tmp)
     finally:
         env.close()
@@ -243,16 +248,42 @@ def space_json(space: gym.Space) -> dict:
 
 
 def write_json(path: str, record: dict) -> None:
-    """Writes ``record`` to ``path`` through a temporary file (a reader never sees half a file)."""
+    """Writes ``record`` to ``path`` through a temporary file (a reader never sees half a file) that is created new
+    (``x``: a link or file already there is an error, never written through)."""
     tmp = f"{path}.tmp-{os.getpid()}"
+    created = False
     try:
-        with open(tmp, "w") as f:
+        with open(tmp, "x") as f:
+            created = True
             json.dump(record, f, indent=2, allow_nan=True)
             f.write("\n")
         os.replace(tmp, path)
     finally:
-        if os.path.exists(tmp):
+        if created and os.path.lexists(tmp):
             os.remove(tmp)
+
+
+def default_out(root_dir: str, name: str) -> str:
+    """``RUN/export/<name>``: ``export/`` made below the results directory without following a link, and ``name``
+    in it refused unless it is missing or a regular file (a rename replaces a link, it never writes through one; a
+    directory or FIFO there is a mistake to name).
+
+    Raises:
+        ExportError: one line naming the link (or what else is there) and what to do.
+    """
+    try:
+        folder = make_dirs_in_root(root_dir, EXPORT_DIR)
+        kind = kind_in_root(root_dir, os.path.join(folder, name))
+    except UnsafePathError as err:
+        raise ExportError(f"{err} (or give --out)") from None
+    if kind not in ("missing", "file"):
+        raise ExportError(f"{os.path.join(folder, name)} is a {kind}, not a file; remove it or give --out")
+    return os.path.join(folder, name)
+
+
+def _create_new(path: str) -> None:
+    """Create the empty file ``path``; an entry already there (a link included) is an error (O_EXCL)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666))
 
 
 def _recurrent_note(policy: ExportedPolicy) -> str:

@@ -9,6 +9,7 @@ from typing import Optional
 from alfish.algorithms.base import Algorithm
 from alfish.algorithms.build import build_policy
 from alfish.config import TrainerConfig, load_config_text
+from alfish.console.printable import printable
 from alfish.envs.batched_env import BatchedEnv
 from alfish.envs.spec import EnvSpec
 from alfish.rundir.checkpoint import META, Checkpointer, CheckpointError, LoadedCheckpoint
@@ -78,8 +79,9 @@ def restore_policy(config: TrainerConfig, env: BatchedEnv,
 
 
 def one_line(err: BaseException) -> str:
-    """`err`'s message on one line (gin appends "In call to configurable ..." lines to errors it re-raises)."""
-    return " ".join(str(err).split()) or type(err).__name__
+    """`err`'s message on one line (gin appends "In call to configurable ..." lines to errors it re-raises), with
+    what is not printable escaped (``\x1b``): messages name files and quote content of the results directory."""
+    return printable(" ".join(str(err).split())) or type(err).__name__
 
 
 def shortened(text: str, limit: int = 300) -> str:

@@ -26,6 +26,7 @@ import time
 from typing import Optional, Sequence
 
 from alfish.config import ConfError, TrainerConfig, load_conf, write_config_record
+from alfish.console.printable import printable
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -122,8 +123,9 @@ def disk_failure(err: BaseException, root_dir: str) -> Optional[str]:
 
 
 def one_line(err: BaseException) -> str:
-    """``err``'s message on one line (gin appends "In call to configurable ..." lines to errors it re-raises)."""
-    return " ".join(str(err).split()) or type(err).__name__
+    """``err``'s message on one line (gin appends "In call to configurable ..." lines to errors it re-raises), what is
+    not printable escaped (it may quote content of the results directory)."""
+    return printable(" ".join(str(err).split())) or type(err).__name__
 
 
 def record_error_for_torchrun(message: str) -> None:

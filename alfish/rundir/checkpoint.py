@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 import torch
 
+from alfish.console.printable import printable
 from alfish.rundir.checkpoint_format import (
     MANIFEST,
     META,
@@ -33,8 +34,7 @@ from alfish.rundir.checkpoint_format import (
     read_verified,
     verify_manifest,
 )
-from alfish.console.printable import printable
-from alfish.rundir.checkpoint_meta import MAX_STEP
+from alfish.rundir.checkpoint_meta import MAX_STEP, step_of_dir_name
 from alfish.rundir.disk import disk_error_in, write_failure
 from alfish.rundir.safe_paths import UnsafePathError, kind_in_root, list_dir_in_root
 
@@ -42,8 +42,6 @@ __all__ = ["CheckpointError", "CheckpointWriteError", "LoadedCheckpoint", "Check
 
 logger = logging.getLogger(__name__)
 
-# ckpt-<step>: decimal ASCII digits without leading zeros (the name path_of gives), at most 18 of them
-_CKPT_RE = re.compile(r"^ckpt-(0|[1-9][0-9]{0,17})$")
 _TMP_RE = re.compile(r"^\.tmp-(?:old-)?ckpt-(\d+)-(\d+)$")
 
 
@@ -142,8 +140,9 @@ class Checkpointer:
         """
         try:
             names = list_dir_in_root(self.root_dir, self.ckpt_root)
-            return sorted(int(m.group(1)) for m in map(_CKPT_RE.match, names)
-                          if m and kind_in_root(self.root_dir, os.path.join(self.ckpt_root, m.group(0))) == "dir")
+            named = [(step_of_dir_name(name), name) for name in names]
+            return sorted(step for step, name in named if step is not None
+                          and kind_in_root(self.root_dir, os.path.join(self.ckpt_root, name)) == "dir")
         except UnsafePathError as e:
             raise CheckpointError(printable(str(e)), file=e.filename) from None
         except OSError as e:
@@ -354,8 +353,8 @@ class Checkpointer:
             raise CheckpointError(f"no checkpoint at step {step}: {path} does not exist "
                                   f"(available steps: {self.steps() or 'none'})", file=path)
         if kind != "dir":
-            raise CheckpointError(f"checkpoint {path} is a {kind}, not a directory; alfish never follows links inside a "
-                                  "results directory: replace it with a real directory or move it away", file=path)
+            raise CheckpointError(f"checkpoint {path} is a {kind}, not a directory; alfish never follows links inside "
+                                  "a results directory: replace it with a real directory or move it away", file=path)
         return read_verified(self.root_dir, path, step)
 
     def _verify(self, path: str, step: int) -> dict:
@@ -370,5 +369,6 @@ class Checkpointer:
         except TypeError:
             value = -1
         if isinstance(step, bool) or not 0 <= value <= MAX_STEP:
-            raise CheckpointError(f"step must be an int >= 0 (the training iteration, at most {MAX_STEP}), got {step!r}")
+            raise CheckpointError(f"step must be an int >= 0 (the training iteration, at most {MAX_STEP}), got "
+                                  f"{step!r}")
         return value

@@ -357,7 +357,7 @@ def _load_tensors(f: IO[bytes], fpath: str) -> Any:
         # mmap: tensor data stays in the file (the page cache) until used; only the small pickle is read
         nest = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
     except Exception as e:  # UnpicklingError for a disallowed global, RuntimeError for a bad archive, ...
-        raise _load_error(fpath, e) from None
+        raise _load_error(fpath, e) from e
     _check_nest(nest, fpath)
     return nest
 

@@ -9,14 +9,24 @@ Consumers read the numbers back through ``LoadedCheckpoint.count`` / ``LoadedChe
 from __future__ import annotations
 
 import math
-from typing import Any
+import re
+from typing import Any, Optional
 
 from alfish.rundir.bounded import RootDirContentError, checked_count
 
-__all__ = ["MAX_STEP", "META_COUNTS", "META_REALS", "check_meta_numbers", "meta_count", "meta_real"]
+__all__ = ["MAX_STEP", "step_of_dir_name", "META_COUNTS", "META_REALS", "check_meta_numbers", "meta_count", "meta_real"]
 
 #: The largest step (training iteration) a checkpoint directory may be named with: 18 decimal digits.
 MAX_STEP = 10 ** 18 - 1
+# ckpt-<step>: ASCII digits without leading zeros (the name Checkpointer.path_of gives), at most 18 of them
+_CKPT_DIR_RE = re.compile(r"ckpt-(0|[1-9][0-9]{0,17})")
+
+
+def step_of_dir_name(name: str) -> Optional[int]:
+    """The step of a checkpoint directory named ``name`` (``ckpt-<step>``), or None for any other name (one with a
+    step of more than 18 digits included: a name from a results directory is not trusted to be small)."""
+    match = _CKPT_DIR_RE.fullmatch(name)
+    return int(match.group(1)) if match else None
 
 #: meta's whole numbers -> the inclusive range that makes sense for them.
 META_COUNTS: dict[str, tuple[int, int]] = {

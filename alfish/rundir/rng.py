@@ -82,13 +82,13 @@ def restore_rng_state(tensors: dict, meta: dict) -> None:
         py_state = (int(py["version"]), tuple(int(x) for x in py["internal"]),
                     None if py["gauss_next"] is None else float(py["gauss_next"]))
         n_saved = int(meta.get("torch_cuda_devices", 0))
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"the RNG state in the checkpoint is malformed ({type(e).__name__}: {e}); it was not "
-                              "written by alfish.rundir.rng.capture_rng_state") from e
+        np.random.set_state(np_state)  # (these two check their numbers: out of range is malformed)
+        random.setstate(py_state)
+    except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
+        raise CheckpointError(f"the RNG state in the checkpoint is malformed ({type(e).__name__}: "
+                              f"{str(e)[:200]!r}); it was not written by alfish.rundir.rng.capture_rng_state") from e
 
     torch.set_rng_state(cpu.to(device="cpu", dtype=torch.uint8))
-    np.random.set_state(np_state)
-    random.setstate(py_state)
 
     if n_saved:
         n_here = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sys
 
+from alfish.console.printable import printable
 from alfish.errors import OneLineValueError
 
 #: Exit status of a tool for a problem with its arguments or with what they name (argparse uses 2 too).
@@ -15,6 +16,7 @@ class ToolError(OneLineValueError):
 
 
 def report(err: BaseException) -> int:
-    """Print ``err`` as one ``error: ...`` line on stderr and return ``BAD_INPUT``."""
-    print(f"error: {' '.join(str(err).split()) or type(err).__name__}", file=sys.stderr)
+    """Print ``err`` as one ``error: ...`` line on stderr (what is not printable escaped: messages quote names and
+    content of results directories) and return ``BAD_INPUT``."""
+    print(f"error: {printable(' '.join(str(err).split())) or type(err).__name__}", file=sys.stderr)
     return BAD_INPUT

@@ -371,7 +371,7 @@ def build_evaluator(config: TrainerConfig, seed: int, transformer: DataTransform
 
 def _choose_seed(config: TrainerConfig, resume_from: Optional[LoadedCheckpoint]) -> int:
     if resume_from is not None:
-        return int(resume_from.meta["seed"])
+        return resume_from.count("seed")
     if config.random_seed is not None:
         return int(config.random_seed)
     seed = int.from_bytes(os.urandom(4), "little") % (2**31 - 1)

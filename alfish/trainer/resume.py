@@ -49,17 +49,20 @@ from alfish.transforms.base import DataTransformer
 CHECKPOINT_LAYOUT = 2
 # What a run leaves in its root_dir that a run started over would mix with its own (``--fresh`` moves them aside).
 _MAX_LISTED = 4  # damaged checkpoints named in the refusal, the rest counted
+# What ``restore`` reads from meta (its numbers are checked in range when the checkpoint is read:
+# alfish.rundir.checkpoint_meta).
+_RESUMED_META = ("iteration", "env_steps", "unroll_credit", "seed", "rng")
 
 
 def check_resumable(ckpt: LoadedCheckpoint, world_size: Optional[int] = None) -> None:
     """CheckpointError unless ``ckpt`` was written with this alfish's checkpoint layout and, when ``world_size`` is
     given, by a job of that many ranks (a checkpoint without the record counts as 1 rank)."""
-    layout = ckpt.meta.get("layout", 1)
+    layout = ckpt.count("layout", 1)
     if layout != CHECKPOINT_LAYOUT:
         raise CheckpointError(f"checkpoint {ckpt.path} was made by an older alfish (checkpoint layout {layout}, this "
                               f"version reads {CHECKPOINT_LAYOUT}); resume it with the alfish that wrote it, or "
                               "train into a new root_dir (play still reads it)")
-    written_by = int(ckpt.meta.get("world_size", 1))
+    written_by = ckpt.count("world_size", 1)
     if world_size is not None and world_size != written_by:
         launch = (f"{written_by} ranks (e.g. torchrun --nproc_per_node={written_by})" if written_by > 1
                   else "a single process (python -m alfish.bin.train, without torchrun)")
@@ -131,7 +134,7 @@ def reproducibility_settings(learner: Learner) -> dict:
 
 def warn_on_other_settings(ckpt: LoadedCheckpoint, learner: Learner) -> None:
     recorded, now = ckpt.meta.get("reproducibility"), reproducibility_settings(learner)
-    if recorded is None:
+    if not isinstance(recorded, dict):
         return
     changed = [f"{k} {recorded.get(k)!r} -> {now[k]!r}" for k in now if recorded.get(k) != now[k]]
     if changed:
@@ -152,14 +155,20 @@ def restore(ckpt: LoadedCheckpoint, parts: CheckpointedParts, rank: int = 0, ran
     (``replay.truncate_episodes``): the envs restart. Rank ``r > 0`` of a DDP job, which loads rank 0's checkpoint,
     continues on an RNG stream of its own (and its envs restart)."""
     check_resumable(ckpt)
+    missing = [key for key in _RESUMED_META if key not in ckpt.meta]
+    if missing:
+        raise CheckpointError(f"checkpoint {ckpt.path}/meta.json has no {', '.join(missing)} (the trainer's "
+                              "checkpoints have them): it was altered or not written by alfish's trainer; move it "
+                              "away to resume from an older one")
     meta, tensors = ckpt.meta, ckpt.tensors
     # the example first: building it draws an action, which must come before the RNG is restored
     example = example_experience(parts.algorithm, parts.transformer, parts.spec)
     parts.algorithm.load_state_dict(tensors["algorithm"])
     parts.transformer.load_state_dict(tensors["transformers"])
     parts.learner.load_state_dict(tensors["learner"])
-    parts.counters.load_state_dict(meta)
-    parts.stats.num_episodes = int(meta.get("num_episodes", 0))
+    parts.counters.load_state_dict(dict(iteration=ckpt.count("iteration"), env_steps=ckpt.count("env_steps"),
+                                        unroll_credit=ckpt.real("unroll_credit"), elapsed_s=ckpt.real("elapsed_s", 0)))
+    parts.stats.num_episodes = ckpt.count("num_episodes", 0)
     if parts.replay is not None and "replay" in tensors:
         parts.replay.load_state_dict(tensors["replay"], example)
     restore_rng_state(tensors["rng"], meta["rng"])
@@ -168,7 +177,7 @@ def restore(ckpt: LoadedCheckpoint, parts: CheckpointedParts, rank: int = 0, ran
     logging.info("resumed from %s: iteration %d, env steps %d", ckpt.path, parts.counters.iteration,
                  parts.counters.env_steps)
     warn_on_other_settings(ckpt, parts.learner)
-    return tensors.get("collector") if rank == 0 and int(meta.get("world_size", 1)) == 1 else None
+    return tensors.get("collector") if rank == 0 and ckpt.count("world_size", 1) == 1 else None
 
 
 def choose_resume_point(root_dir: str, checkpointer: Checkpointer, dist_ctx: DistContext,

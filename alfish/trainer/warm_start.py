@@ -41,7 +41,7 @@ def load_source_checkpoint(path: str) -> LoadedCheckpoint:
     if match:
         return Checkpointer(os.path.dirname(path)).load(int(match.group(1)))
     root = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
-    ckpt = Checkpointer(root).load_latest()
+    ckpt = Checkpointer(root, root_dir=path).load_latest()  # (path as typed; nothing below it followed)
     if ckpt is None:
         raise CheckpointError(f"Trainer.warm_start_from={path!r}: no checkpoint that verifies under {root}")
     return ckpt

@@ -18,6 +18,7 @@ import numpy as np
 from alfish.data.types import StepType
 from alfish.replay.offline.steps import Steps, space_from_json
 from alfish.rundir.checkpoint import Checkpointer, LoadedCheckpoint
+from alfish.rundir.checkpoint_meta import step_of_dir_name
 
 _CORE = ("step_type", "reward", "discount", "action")
 
@@ -28,14 +29,16 @@ def is_alfish_run(path: str | os.PathLike) -> bool:
 
 
 def is_checkpoint_dir(path: Path) -> bool:
-    return path.name.startswith("ckpt-") and (path / "manifest.json").is_file()
+    return step_of_dir_name(path.name) is not None and (path / "manifest.json").is_file()
 
 
 def load_run_checkpoint(path: str | os.PathLike) -> LoadedCheckpoint:
-    """The newest verified checkpoint of results directory ``path``, or the checkpoint directory ``path`` itself."""
+    """The newest verified checkpoint of results directory ``path``, or the checkpoint directory ``path`` itself
+    (read below the folder that holds it, as typed: nothing inside is followed through a link)."""
     path = Path(path)
-    if is_checkpoint_dir(path):
-        return Checkpointer(str(path.parent)).load(int(path.name[len("ckpt-"):]))
+    step = step_of_dir_name(path.name)
+    if step is not None and (path / "manifest.json").is_file():
+        return Checkpointer(str(path.parent)).load(step)
     ckpt = Checkpointer(str(path / "checkpoints"), root_dir=str(path)).load_latest()
     if ckpt is None:
         raise ValueError(f"{path}: no valid checkpoint under {path / 'checkpoints'} to read a replay buffer from")
