@@ -23,7 +23,6 @@ at the same device type, thread count and compile setting (``README``: "Exact re
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -35,6 +34,7 @@ import torch
 
 from alfish.rundir.checkpoint import Checkpointer
 from alfish.tools.cli import ToolError, report
+from alfish.tools.runs import read_eval_log
 
 STOPPED = 128 + 15  # train's exit status after SIGTERM
 TIMING = ("elapsed_s", "eval_s", "asynchronous")
@@ -90,11 +90,8 @@ def first_difference(a: Any, b: Any, path: str = "") -> Optional[str]:
 
 
 def evaluations(root: str) -> list[dict]:
-    path = os.path.join(root, "eval_log.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in f if line.strip()]
+    """``root``'s recorded evaluations without their times (read bounded, inside ``root``: ``read_eval_log``)."""
+    return [{k: v for k, v in record.items() if k not in TIMING} for record in read_eval_log(root, missing_ok=True)]
 
 
 def compare(root_a: str, root_b: str, step: int) -> Optional[str]:

@@ -13,18 +13,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import glob
-import json
 import math
 import os
-from typing import Optional, Sequence
+from typing import IO, Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from alfish.rundir.bounded import RootDirContentError, bounded_lines, loads_bounded
+from alfish.rundir.safe_paths import UnsafePathError, kind_in_root, open_in_root
 from alfish.tools.cli import ToolError
 
 X_AXES = ("env_steps", "iteration", "wall_clock")
 X_LABELS = {"env_steps": "env steps", "iteration": "iteration", "wall_clock": "wall-clock (s)"}
 EVAL_LOG = "eval_log.jsonl"
+# Bounds on reading an eval log from a results directory: alfish writes ~300 bytes and ~15 values a record.
+MAX_EVAL_LINE_BYTES = 64 << 10
+MAX_EVAL_LOG_BYTES = 256 << 20
+MAX_EVAL_RECORD_VALUES = 4096
 TB_DIR = "tb"
 #: The trainer's summary of the env steps taken, at each summary step: maps TensorBoard steps to env steps.
 ENV_STEPS_TAG = "train/env_steps"
@@ -113,54 +118,77 @@ def groups_from_args(run_specs: Sequence[str], paths: Sequence[str]) -> list[Gro
 
 
 # ------------------------------------------------------------------------------------------------ eval_log.jsonl ----
-def read_eval_log(root: str) -> list[dict]:
+def read_eval_log(root: str, convert: Optional[Callable[[dict, int], Any]] = None,
+                  missing_ok: bool = False) -> list[Any]:
     """The records of ``root/eval_log.jsonl``, in file order (one JSON object a line, as
-    ``alfish.evaluate.evaluator.write_evaluation`` writes them).
+    ``alfish.evaluate.evaluator.write_evaluation`` writes them); with ``convert``, ``convert(record, number)`` of each
+    (``number`` counts the records from 1) is kept instead, e.g. the two numbers of a curve's point, so that what is
+    kept in memory is bounded by the number of lines, not by what each line holds.
 
     A last line without its newline (a write cut short when the run was killed) is left out; any other line that is
-    not a JSON object is an error naming the file and line.
+    not a JSON object is an error naming the file and line. The file is read inside ``root`` without following a
+    link, streaming, at most ``MAX_EVAL_LINE_BYTES`` a line and ``MAX_EVAL_LOG_BYTES`` in all (a FIFO, a device or a
+    file of gigabytes is one error line). ``missing_ok``: no file is no records (else an error).
     """
     path = os.path.join(root, EVAL_LOG)
+    records = []
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        with open_in_root(root, EVAL_LOG, "rb") as f:
+            for number, line in enumerate(bounded_lines(f, path, MAX_EVAL_LINE_BYTES, MAX_EVAL_LOG_BYTES), 1):
+                if not _ended_with_newline(f):
+                    break  # the unfinished last line
+                if line.strip():
+                    record = _record(line, f"{path}:{number}")
+                    records.append(record if convert is None else convert(record, len(records) + 1))
     except FileNotFoundError:
+        if missing_ok:
+            return []
         raise ToolError(f"{root} has no {EVAL_LOG} (trained without TrainerConfig.evaluate?); plot a TensorBoard "
                         "scalar with --tag instead") from None
-    except OSError as err:
-        raise ToolError(f"cannot read {path}: {err.strerror or err}") from None
-    lines = data.split(b"\n")
-    lines.pop()  # '' after the last newline, or an unfinished line
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line.decode("utf-8"))
-        except ValueError as err:  # bad UTF-8 or JSON
-            raise ToolError(f"{path}:{number}: not a JSON line ({err})") from None
-        if not isinstance(record, dict):
-            raise ToolError(f"{path}:{number}: not a JSON object")
-        records.append(record)
+    except RootDirContentError as err:
+        raise ToolError(str(err)) from None
+    except OSError as err:  # UnsafePathError (a link, FIFO, device): its message says what to do
+        raise ToolError(str(err) if isinstance(err, UnsafePathError) else
+                        f"cannot read {path}: {err.strerror or err}") from None
     return records
+
+
+def _ended_with_newline(f: IO[bytes]) -> bool:
+    """Whether the line just read from ``f`` ended with a newline (``bounded_lines`` strips it)."""
+    position = f.tell()
+    f.seek(position - 1)
+    ended = f.read(1) == b"\n"
+    f.seek(position)
+    return ended
+
+
+def _record(line: bytes, where: str) -> dict:
+    """The JSON object ``line`` holds (bounded: a line of an eval log is a record of a few numbers)."""
+    try:
+        record = loads_bounded(line, where, MAX_EVAL_RECORD_VALUES)
+    except RootDirContentError as err:
+        raise ToolError(f"{where}: not a JSON line ({err})") from None
+    if not isinstance(record, dict):
+        raise ToolError(f"{where}: not a JSON object")
+    return record
 
 
 def eval_curve(root: str, x: str, field: str = "average_return") -> Curve:
     """``field`` of ``root``'s evaluations against ``x`` (one of ``X_AXES``)."""
-    records = read_eval_log(root)
     path = os.path.join(root, EVAL_LOG)
-    if not records:
-        raise ToolError(f"{path} has no evaluation yet")
     key = _LOG_X[x]
-    xs, ys = [], []
-    for number, record in enumerate(records, 1):
+
+    def point(record: dict, number: int) -> tuple[float, float]:
         for name in (key, field):
             if not _is_number(record.get(name)):
                 numbers = sorted(k for k, v in record.items() if _is_number(v))
                 raise ToolError(f"{path}: record {number} has no number {name!r} (it has {', '.join(numbers)})")
-        xs.append(float(record[key]))
-        ys.append(float(record[field]))
-    return _curve(root, xs, ys)
+        return float(record[key]), float(record[field])
+
+    points = read_eval_log(root, point)
+    if not points:
+        raise ToolError(f"{path} has no evaluation yet")
+    return _curve(root, [p[0] for p in points], [p[1] for p in points])
 
 
 # ------------------------------------------------------------------------------------------------ TensorBoard ----
@@ -199,7 +227,14 @@ def _tb_scalars(root: str, tag: str, need_env_steps: bool) -> tuple[list, float,
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     tb = os.path.join(root, TB_DIR)
-    if not os.path.isdir(tb):
+    try:
+        kind = kind_in_root(root, TB_DIR)
+    except OSError as err:
+        raise ToolError(f"cannot read {tb}: {err.strerror or err}") from None
+    if kind == "symlink":
+        raise ToolError(f"{tb} is a symlink; alfish never follows links inside a results directory: replace it with "
+                        "a real directory")
+    if kind != "dir":
         raise ToolError(f"{root} has no {TB_DIR}/ folder of TensorBoard events")
     # scalars=0 keeps every event (the default keeps a sample of 10,000); the accumulator drops the events a resumed
     # run wrote again (purge_orphaned_data), so each step has the newest run's value

@@ -23,6 +23,7 @@ from typing import Any, Iterator, Optional, Sequence
 
 import torch
 
+from alfish.console.printable import printable
 from alfish.rundir.checkpoint import MANIFEST, META, Checkpointer, CheckpointError, LoadedCheckpoint
 from alfish.tools.cli import ToolError, report
 
@@ -134,12 +135,12 @@ def describe(ckpt: LoadedCheckpoint, list_all: bool = False) -> list[str]:
     for name in sorted(ckpt.tensors):
         lines += describe_group(name, ckpt.tensors[name], os.path.getsize(os.path.join(ckpt.path, f"{name}.pt")),
                                 list_all)
-    lines.append(f"  {META} keys: {', '.join(sorted(meta))}")
+    lines.append(f"  {META} keys: {printable(', '.join(sorted(meta)))}")
     lines.append(f"  replay buffer: {describe_replay(ckpt.tensors.get('replay'))}")
     listed = {f"{name}.pt" for name in ckpt.tensors} | {META, MANIFEST}
     unlisted = sorted(set(os.listdir(ckpt.path)) - listed)
     if unlisted:  # never read by alfish, but not what the trainer wrote
-        lines.append(f"  not in the manifest (never read): {', '.join(unlisted)}")
+        lines.append(f"  not in the manifest (never read): {printable(', '.join(unlisted))}")
     return lines
 
 
@@ -147,7 +148,7 @@ def _shown(value: Any, limit: int = 40) -> str:
     """A meta value (untrusted JSON) on one short line."""
     if isinstance(value, float):
         return f"{value:.1f}"
-    text = " ".join(str(value).split()) if value is not None else "?"
+    text = printable(" ".join(str(value)[:4 * limit].split())) if value is not None else "?"
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -172,7 +173,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             ckpt = checkpointer.load(step)
         except CheckpointError as err:
             failed += 1
-            print(f"{name}: FAILED: {' '.join(str(err).split())}", flush=True)
+            print(f"{name}: FAILED: {printable(' '.join(str(err).split()))}", flush=True)
             continue
         print(f"{name}: verified ({ckpt.path})")
         print("\n".join(describe(ckpt, args.tensors)), flush=True)
