@@ -134,7 +134,7 @@ def export(args: argparse.Namespace) -> tuple[str, dict]:
         transformer, algorithm = restore_policy(config, env, ckpt)
         algorithm.requires_grad_(False)
         policy = ExportedPolicy(transformer, algorithm, spec).eval()
-        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        make_out_dir(args, out)
         tmp = os.path.join(os.path.dirname(os.path.abspath(out)),
                            f".{os.path.basename(out)}.tmp-{os.getpid()}{SUFFIXES[args.format]}")
         created = False
@@ -264,21 +264,30 @@ def write_json(path: str, record: dict) -> None:
 
 
 def default_out(root_dir: str, name: str) -> str:
-    """``RUN/export/<name>``: ``export/`` made below the results directory without following a link, and ``name``
-    in it refused unless it is missing or a regular file (a rename replaces a link, it never writes through one; a
-    directory or FIFO there is a mistake to name).
+    """``RUN/export/<name>``, refused when ``export/`` is a link (or not a directory) or ``name`` in it is anything
+    but a regular file (a rename replaces a link, it never writes through one; a directory or FIFO there is a
+    mistake to name). ``export/`` is made later, by ``make_out_dir``, once there is something to write.
 
     Raises:
         ExportError: one line naming the link (or what else is there) and what to do.
     """
+    out = os.path.join(os.path.abspath(root_dir), EXPORT_DIR, name)
     try:
-        folder = make_dirs_in_root(root_dir, EXPORT_DIR)
-        kind = kind_in_root(root_dir, os.path.join(folder, name))
+        kind = kind_in_root(root_dir, out)
     except UnsafePathError as err:
         raise ExportError(f"{err} (or give --out)") from None
     if kind not in ("missing", "file"):
-        raise ExportError(f"{os.path.join(folder, name)} is a {kind}, not a file; remove it or give --out")
-    return os.path.join(folder, name)
+        raise ExportError(f"{out} is a {kind}, not a file; remove it or give --out")
+    return out
+
+
+def make_out_dir(args: argparse.Namespace, out: str) -> None:
+    """Create ``out``'s folder: the default one below the results directory without following a link; a folder the
+    user typed (``--out``) as typed."""
+    if args.out is None:
+        make_dirs_in_root(args.root_dir, EXPORT_DIR)
+    else:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
 
 
 def _create_new(path: str) -> None:
