@@ -86,7 +86,7 @@ def restore_rng_state(tensors: dict, meta: dict) -> None:
         random.setstate(py_state)
     except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as e:
         raise CheckpointError(f"the RNG state in the checkpoint is malformed ({type(e).__name__}: "
-                              f"{str(e)[:200]!r}); it was not written by alfish.rundir.rng.capture_rng_state") from e
+                              f"{str(e)[:200]}); it was not written by alfish.rundir.rng.capture_rng_state") from e
 
     torch.set_rng_state(cpu.to(device="cpu", dtype=torch.uint8))
 
