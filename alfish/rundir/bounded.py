@@ -33,37 +33,58 @@ class RootDirContentError(ValueError):
     a line too long); ``str()`` is one line naming the file and the bound."""
 
 
-def _structure(raw: bytes) -> np.ndarray:
-    """The bytes of ``raw`` outside JSON strings (strings may hold brackets and commas that are not structure)."""
-    data = np.frombuffer(raw, dtype=np.uint8)
-    quote = data == ord('"')
-    if quote.any():
-        # a quote preceded by an odd run of backslashes is escaped: find the runs with a cumulative count
-        backslash = (data == ord("\\")).astype(np.int64)
-        run = np.cumsum(backslash)
-        reset = np.maximum.accumulate(np.where(backslash == 0, run, 0))
-        odd_before = np.zeros_like(quote)
-        odd_before[1:] = ((run - reset)[:-1] % 2) == 1
-        quote &= ~odd_before
-        inside = (np.cumsum(quote) % 2).astype(bool) | quote
-        data = data[~inside]
-    return data
+_CHUNK = 1 << 20  # bytes scanned at a time: the scan's arrays stay ~40 MB whatever the size of the document
+
+
+class _Scan:
+    """The structure of a JSON document scanned chunk by chunk: the nesting depth (deepest so far) and the number of
+    values (containers opened plus commas, plus one), counting only bytes outside strings (strings may hold brackets
+    and commas that are not structure). Carries between chunks whether a string is open and whether the chunk ended
+    in an odd run of backslashes (which escapes a quote at the start of the next)."""
+
+    def __init__(self) -> None:
+        self.depth = self.deepest = self.values = 0
+        self.in_string = self.odd_backslashes = False
+
+    def add(self, chunk: memoryview) -> None:
+        """Scan the next ``chunk`` (not empty) of the document."""
+        data = np.frombuffer(chunk, dtype=np.uint8)
+        quote = data == ord('"')
+        backslash = data == ord("\\")
+        if quote.any() or backslash.any() or self.in_string or self.odd_backslashes:
+            # a quote preceded by an odd run of backslashes is escaped: find the runs with a cumulative count
+            count = np.cumsum(backslash, dtype=np.int32) + np.int32(self.odd_backslashes)
+            run = count - np.maximum.accumulate(np.where(backslash, 0, count))  # backslashes ending at each byte
+            odd_before = np.empty_like(quote)
+            odd_before[0], odd_before[1:] = self.odd_backslashes, (run[:-1] % 2) == 1
+            quote &= ~odd_before
+            opened = (np.cumsum(quote, dtype=np.int32) + np.int32(self.in_string)) % 2 == 1
+            data = data[~(opened | quote)]
+            self.in_string, self.odd_backslashes = bool(opened[-1]), bool(run[-1] % 2)
+        step = _NESTING[data]
+        if step.size:
+            self.deepest = max(self.deepest, self.depth + int(np.cumsum(step, dtype=np.int32).max()))
+            self.depth += int(step.sum(dtype=np.int64))
+        self.values += int((step == 1).sum()) + int((data == ord(",")).sum())
 
 
 def loads_bounded(raw: bytes, what: str, max_values: int, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """``json.loads(raw)`` once ``raw`` is known to nest at most ``max_depth`` deep and hold at most ``max_values``
-    values (containers and their elements), so the objects built are bounded by ``max_values``.
+    values (containers and their elements), so the objects built are bounded by ``max_values``. The check scans
+    ``raw`` a chunk at a time (its memory does not grow with ``raw``) and stops at the first chunk over a bound.
 
     Raises:
         RootDirContentError: too deep, too many values, not UTF-8 or not JSON (one line naming ``what``).
     """
-    outside = _structure(raw)
-    step = _NESTING[outside]
-    deepest = int(np.cumsum(step, dtype=np.int64).max()) if step.size else 0
-    if deepest > max_depth:
-        raise RootDirContentError(f"{what} nests {deepest} levels deep, more than the {max_depth} alfish reads (it "
-                                  "was not written by alfish)")
-    values = int((step == 1).sum()) + int((outside == ord(",")).sum()) + 1
+    scan = _Scan()
+    for start in range(0, len(raw), _CHUNK):
+        scan.add(memoryview(raw)[start:start + _CHUNK])
+        if scan.deepest > max_depth or scan.values + 1 > max_values:
+            break
+    if scan.deepest > max_depth:
+        raise RootDirContentError(f"{what} nests {scan.deepest} levels deep, more than the {max_depth} alfish reads "
+                                  "(it was not written by alfish)")
+    values = scan.values + 1
     if values > max_values:
         raise RootDirContentError(f"{what} holds about {values} JSON values, more than the {max_values} alfish "
                                   "reads (it was not written by alfish)")

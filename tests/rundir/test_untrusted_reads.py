@@ -470,3 +470,18 @@ def test_escape_bytes_in_stored_content_are_printed_escaped(run, output):
     output()
     line = one_error_line(command("play", run), output())
     assert "\x1b" not in line and "Evil\\x1b[2J" in line, line
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 3, 5, 1 << 20])
+def test_json_bounds_are_scanned_chunk_by_chunk(monkeypatch, chunk):
+    """The depth/value scan reads a document a chunk at a time (memory independent of its size): strings with
+    brackets, commas and escaped quotes split across chunks count as nothing."""
+    from alfish.rundir import bounded
+
+    monkeypatch.setattr(bounded, "_CHUNK", chunk)
+    text = json.dumps({"s": 'a[[{"\\,]] \\" \\\\', "t": [[1, 2], {"u": "]]]"}]})
+    assert bounded.loads_bounded(text.encode(), "doc", max_values=8, max_depth=3) == json.loads(text)
+    with pytest.raises(bounded.RootDirContentError, match=r"^doc nests 3 levels deep, more than the 2"):
+        bounded.loads_bounded(text.encode(), "doc", max_values=8, max_depth=2)
+    with pytest.raises(bounded.RootDirContentError, match=r"^doc holds about \d+ JSON values, more than the 7"):
+        bounded.loads_bounded(text.encode(), "doc", max_values=7, max_depth=3)
