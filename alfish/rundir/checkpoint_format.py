@@ -6,10 +6,16 @@ Layout of one checkpoint (``ckpt_root/ckpt-<step>/``)::
     meta.json       JSON metadata (progress, RNG states, operative config, versions, ...)
     manifest.json   written last: {"format": 1, "step": step, "files": {filename: {"sha256": hex, "bytes": int}}}
 
-Reading checks every file against the manifest (sizes first, so nothing larger than the manifest says is read; the
-manifest and ``meta.json`` themselves are size-bounded) and loads tensors with
-``torch.load(weights_only=True, mmap=True)``: nothing from the directory is unpickled as arbitrary objects or
-executed, and tensor data is mapped, not read into memory.
+Reading treats the directory as untrusted (DESIGN.md §3.13). Every file is opened below the results directory
+without following a link, and only if it is a regular file (``alfish.rundir.safe_paths``: a FIFO never blocks), then
+checked against the manifest on that one descriptor (size first, so nothing larger than the manifest says is read,
+then sha256). The manifest and ``meta.json`` are JSON bounded in bytes, depth and values
+(``alfish.rundir.bounded``), and meta's counters must be in range (``alfish.rundir.checkpoint_meta``). A tensor file
+must be a zip whose entries are stored uncompressed (as ``torch.save`` writes them; a deflated entry could inflate to
+gigabytes) and is loaded through the same descriptor with ``torch.load(weights_only=True, mmap=True)``: nothing from
+the directory is unpickled as arbitrary objects or executed, and tensor data is mapped, not read into memory. Any
+failure, a ``RecursionError`` or ``MemoryError`` included, is a one-line ``CheckpointError`` naming the file: the
+checkpoint is damaged and ``Checkpointer.scan`` tries the next older one.
 
 This module is the format: the names, the bounds, what may be saved, and the checks a directory must pass.
 Writing, rotating and scanning the checkpoints of a run is ``alfish.rundir.checkpoint.Checkpointer``'s.
