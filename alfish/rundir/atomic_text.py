@@ -13,7 +13,13 @@ import contextlib
 import os
 import secrets
 
-from alfish.rundir.safe_paths import open_in_root, remove_tree_in_root, rename_in_root, require_kind_in_root
+from alfish.rundir.safe_paths import (
+    make_dirs_in_root,
+    open_in_root,
+    remove_tree_in_root,
+    rename_in_root,
+    require_kind_in_root,
+)
 
 __all__ = ["write_bytes_atomic", "write_text_atomic"]
 
@@ -27,10 +33,11 @@ def write_bytes_atomic(root_dir: str, path: str, data: bytes) -> str:
         OSError: the disk refused (the temporary file is removed).
     """
     target = os.path.join(os.path.abspath(root_dir), path)
+    make_dirs_in_root(root_dir, os.path.dirname(target))  # (the root_dir too, when missing)
     require_kind_in_root(root_dir, target, "file")
     tmp = os.path.join(os.path.dirname(target), f".{os.path.basename(target)}.{secrets.token_hex(4)}.tmp")
     try:
-        with open_in_root(root_dir, tmp, "xb", create_dirs=True) as f:
+        with open_in_root(root_dir, tmp, "xb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
