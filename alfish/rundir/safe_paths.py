@@ -193,6 +193,9 @@ def open_in_root(root: str, path: str, mode: str = "rb", *, create_dirs: bool = 
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):  # a link; a FIFO opened to write, no reader
                 raise _refusal(shown, _lstat_at(parts[-1], dir_fd), "file") from None
+            st = _lstat_at(parts[-1], dir_fd) if e.errno == errno.EEXIST else None
+            if st is not None and not stat.S_ISREG(st.st_mode):  # mode 'x' met a link (or a FIFO): say so
+                raise _refusal(shown, st, "file") from None
             raise
     _checked_fd(fd, shown, writing=flags & (os.O_WRONLY | os.O_RDWR) != 0)
     if truncate:
