@@ -25,8 +25,9 @@ import sys
 import time
 from typing import Optional, Sequence
 
-from alfish.config import ConfError, TrainerConfig, load_conf, write_config_record
+from alfish.config import ConfError, TrainerConfig, load_conf
 from alfish.console.printable import printable
+from alfish.rundir.config_files import write_config_record
 
 
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
@@ -50,11 +51,20 @@ def process_rank() -> int:
 
 class LogFileHandler(logging.FileHandler):
     """``root_dir/log.txt``. When the disk refuses a write (full, over quota), file logging stops with one warning on
-    stderr instead of logging's "--- Logging error ---" traceback for every later record; stderr logging goes on."""
+    stderr instead of logging's "--- Logging error ---" traceback for every later record; stderr logging goes on.
 
-    def __init__(self, path: str) -> None:
-        super().__init__(path)
+    The file is opened for appending through ``alfish.rundir.safe_paths`` relative to ``root_dir`` (the directory
+    of ``path`` when None): a symlinked, FIFO or hard-linked log.txt is refused (UnsafePathError), not written."""
+
+    def __init__(self, path: str, root_dir: Optional[str] = None) -> None:
+        self.root_dir = root_dir if root_dir is not None else os.path.dirname(os.path.abspath(path))
+        super().__init__(path, encoding="utf-8")
         self.failed = False
+
+    def _open(self):  # logging's name: FileHandler opens its stream here
+        from alfish.rundir.safe_paths import open_in_root
+
+        return open_in_root(self.root_dir, self.baseFilename, "a", encoding=self.encoding, errors=self.errors)
 
     def emit(self, record: logging.LogRecord) -> None:
         if not self.failed:
@@ -90,7 +100,7 @@ def setup_logging(root_dir: str) -> None:
     try:
         os.makedirs(root_dir, exist_ok=True)
         if rank == 0:
-            handlers.append(LogFileHandler(os.path.join(root_dir, "log.txt")))
+            handlers.append(LogFileHandler(os.path.join(root_dir, "log.txt"), root_dir))
     except OSError as e:
         raise DiskWriteError(write_failure("", e.filename or root_dir, e)) from e
     prefix = f"[rank {rank}] " if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
@@ -105,10 +115,15 @@ def setup_logging(root_dir: str) -> None:
 def disk_failure(err: BaseException, root_dir: str) -> Optional[str]:
     """The one-line report of ``err`` if it is the disk refusing a write under ``root_dir`` (alfish's own
     ``DiskWriteError``, or a full disk, quota or read-only file system anywhere in its chain), else None. It ends by
-    saying which checkpoint is intact."""
+    saying which checkpoint is intact. A path alfish refused to open (``UnsafePathError``: a symlink, FIFO or hard
+    link inside the root_dir) is reported as its own one line."""
     from alfish.rundir.checkpoint import Checkpointer, CheckpointWriteError
     from alfish.rundir.disk import DiskWriteError, disk_error_in, write_failure
+    from alfish.rundir.safe_paths import unsafe_path_in
 
+    refused = unsafe_path_in(err)
+    if refused is not None:
+        return str(refused)
     if isinstance(err, CheckpointWriteError):
         return str(err)  # names the last checkpoint already
     if isinstance(err, DiskWriteError):

@@ -1,10 +1,9 @@
-"""The record of the config a run used: ``root_dir/config/operative.gin`` (with the bindings never used) and
-``full.gin``, written once the training objects are built."""
+"""The record of the config a run used: the texts of ``root_dir/config/operative.gin`` (with the bindings never used)
+and ``full.gin``, made once the training objects are built (``alfish.rundir.config_files`` writes them)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
-import os
-import tempfile
 from typing import Any, Optional
 
 import gin
@@ -16,14 +15,24 @@ from alfish.config.gin_names import binding_key
 logger = logging.getLogger(__name__)
 
 
-def write_config_record(root_dir: str) -> list[str]:
-    """Writes root_dir/config/operative.gin and full.gin; returns the bindings that were set but never used.
+@dataclasses.dataclass(frozen=True)
+class ConfigRecord:
+    """The record of the config a run used: ``files`` maps a file name of ``root_dir/config/`` to its text;
+    ``unused`` lists the bindings that were set but never used ('scope/Name.param = value')."""
+
+    files: dict[str, str]
+    unused: list[str]
+
+
+def config_record() -> ConfigRecord:
+    """The texts of ``operative.gin`` and ``full.gin`` and the bindings that were set but never used.
 
     operative.gin holds the bindings the program actually used (gin.operative_config_str(), defaults included),
     followed by one ``# UNUSED: Name.param = value`` comment per unused binding; full.gin holds everything that was
     set (gin.config_str()). Call it after the training objects have been built: gin counts a binding as used only
     once its configurable has been called. Each unused binding is also logged as a warning (one line each), so the
-    caller need not log them again. Files are written atomically.
+    caller need not log them again. Writing the files into a root_dir is ``alfish.rundir.config_files``'s (it
+    writes only through the results directory's safe paths).
     """
     unused = unused_bindings()
     operative = gin.operative_config_str()
@@ -31,13 +40,9 @@ def write_config_record(root_dir: str) -> list[str]:
         operative += ('\n\n# Bindings set in the conf but never used (their configurable was not called, '
                       'or its caller passed the value itself):\n')
         operative += ''.join(f'# UNUSED: {binding}\n' for binding in unused)
-    config_dir = os.path.join(root_dir, 'config')
-    os.makedirs(config_dir, exist_ok=True)
-    _atomic_write(os.path.join(config_dir, 'operative.gin'), operative)
-    _atomic_write(os.path.join(config_dir, 'full.gin'), gin.config_str())
     for binding in unused:
         logger.warning("gin binding set but never used: %s", binding)
-    return unused
+    return ConfigRecord(files={'operative.gin': operative, 'full.gin': gin.config_str()}, unused=unused)
 
 
 def unused_bindings() -> list[str]:
@@ -78,18 +83,3 @@ def _supplying_scope(call_scope: str, selector: str, arg: str) -> Optional[str]:
 def _format_binding(scope: str, selector: str, arg: str, value: Any) -> str:
     """'scope/Name.param = value' on one line."""
     return f'{binding_key(scope, selector, arg)} = {one_line(repr(value))}'
-
-
-def _atomic_write(path: str, text: str) -> None:
-    """Writes `text` to `path` through a temporary file and os.replace, so readers never see a partial file."""
-    directory = os.path.dirname(path) or '.'
-    fd, tmp_path = tempfile.mkstemp(dir=directory, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
-    try:
-        with os.fdopen(fd, 'w', encoding='utf-8') as stream:
-            stream.write(text)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.replace(tmp_path, path)
-    except BaseException:
-        os.unlink(tmp_path)
-        raise

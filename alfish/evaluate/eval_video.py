@@ -6,12 +6,18 @@ Each video is one greedy episode of the evaluated policy (with ``async_eval``, t
 episode runs in the training process on an env of its own (the ``eval``-scoped ``create_environment`` bindings, one
 env, ``render_mode='rgb_array'``) and a copy of the policy: training waits for it, one episode per K evaluations.
 Needs the 'render' extra (imageio; imageio-ffmpeg for .mp4), checked when the run is built.
+
+imageio writes by file name, so the video goes to a new temporary name in ``videos/`` (a real folder inside the
+root_dir: ``safe_paths.make_dirs_in_root`` refuses a symlinked one) and is renamed into place; an ``eval-<N>`` that
+exists as anything but a regular file (a symlink, ...) is refused, never written through.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import os
+import secrets
 import time
 from typing import Any, Optional
 
@@ -22,6 +28,7 @@ from alfish.envs.batched_env import BatchedEnv, create_environment
 from alfish.evaluate.acting import GreedyPolicy
 from alfish.evaluate.episodes import play_episodes, write_video
 from alfish.evaluate.evaluator import policy_snapshot
+from alfish.rundir.safe_paths import make_dirs_in_root, remove_tree_in_root, rename_in_root, require_kind_in_root
 
 VIDEO_FORMATS = ("mp4", "gif")
 RENDER_EXTRA = "pip install 'alfish[render]'"
@@ -48,7 +55,8 @@ class EvalVideo:
 
     def __init__(self, root_dir: str, interval: int, video_format: str = "mp4", seed: int = 0):
         check_video_support(video_format)
-        self.directory = os.path.join(root_dir, "videos")
+        self.root_dir = root_dir
+        self.directory = os.path.join(os.path.abspath(root_dir), "videos")
         self.interval, self.video_format, self.seed = interval, video_format, seed
         self.count = 0
         self.env: Optional[BatchedEnv] = None
@@ -77,9 +85,23 @@ class EvalVideo:
         returns = play_episodes(self.env, GreedyPolicy.frozen(own_transformer, own_algorithm), time_step, 1,
                                 frames=frames)
         path = os.path.join(self.directory, f"eval-{iteration}.{self.video_format}")
-        write_video(path, frames, int(self.env._venv.metadata.get("render_fps") or 30))
+        self._write(path, frames, int(self.env._venv.metadata.get("render_fps") or 30))
         logging.info("evaluation video (return %.2f, %d frames, %.1f s): %s", returns[0], len(frames),
                      time.monotonic() - start, path)
+
+    def _write(self, path: str, frames: list, fps: int) -> None:
+        """``write_video`` to a new temporary name in ``videos/``, renamed to ``path`` (see the module docstring)."""
+        make_dirs_in_root(self.root_dir, self.directory)
+        require_kind_in_root(self.root_dir, path, "file")
+        tmp = os.path.join(self.directory, f".tmp-{secrets.token_hex(4)}-{os.path.basename(path)}")
+        require_kind_in_root(self.root_dir, tmp, "file")
+        try:
+            write_video(tmp, frames, fps)
+            rename_in_root(self.root_dir, tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):  # the write's own error is the one to report
+                remove_tree_in_root(self.root_dir, tmp)
+            raise
 
     def close(self) -> None:
         if self.env is not None:

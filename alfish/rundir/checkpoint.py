@@ -5,6 +5,11 @@ error and result types are importable from here too). A checkpoint is written in
 ``ckpt_root/.tmp-ckpt-<step>-<pid>/``, every file is fsynced, the manifest is written last, and the directory is
 renamed into place, so ``ckpt-<step>`` either exists complete or not at all.
 
+Every directory made, file written, rename and deletion goes through ``alfish.rundir.safe_paths`` relative to the
+root_dir the user typed (DESIGN.md §3.13): nothing is written, renamed or deleted through a symlink. Rotation deletes
+an old checkpoint only file by file, the names its manifest lists (and the manifest), never a whole tree; the
+``.tmp-*`` directories alfish itself wrote are removed as trees (without crossing a link).
+
 A checkpoint directory is never deleted for failing verification: ``scan`` reports the damaged ones and
 ``set_aside`` moves them out of the way (``alfish.trainer.resume`` decides when).
 """
@@ -16,14 +21,15 @@ import logging
 import operator
 import os
 import re
-import shutil
 from typing import Any, Optional
 
 import torch
 
 from alfish.console.printable import printable
+from alfish.rundir.bounded import loads_bounded
 from alfish.rundir.checkpoint_format import (
     MANIFEST,
+    MAX_MANIFEST_BYTES,
     META,
     CheckpointError,
     CheckpointWriteError,
@@ -36,13 +42,28 @@ from alfish.rundir.checkpoint_format import (
 )
 from alfish.rundir.checkpoint_meta import MAX_STEP, step_of_dir_name
 from alfish.rundir.disk import disk_error_in, write_failure
-from alfish.rundir.safe_paths import UnsafePathError, kind_in_root, list_dir_in_root
+from alfish.rundir.safe_paths import (
+    UnsafePathError,
+    fsync_dir_in_root,
+    kind_in_root,
+    list_dir_in_root,
+    make_dirs_in_root,
+    open_in_root,
+    read_bytes_in_root,
+    remove_listed,
+    remove_tree_in_root,
+    rename_in_root,
+    require_kind_in_root,
+    unsafe_path_in,
+)
 
 __all__ = ["CheckpointError", "CheckpointWriteError", "LoadedCheckpoint", "Checkpointer", "Scan", "MANIFEST", "META"]
 
 logger = logging.getLogger(__name__)
 
 _TMP_RE = re.compile(r"^\.tmp-(?:old-)?ckpt-(\d+)-(\d+)$")
+# A manifest lists a handful of files (one per tensors entry, meta.json): bound what rotation parses.
+_MAX_MANIFEST_VALUES = 100_000
 
 
 @dataclasses.dataclass
@@ -70,20 +91,6 @@ class _HashingWriter:
 
     def flush(self) -> None:
         self._f.flush()
-
-
-def _fsync_dir(path: str) -> None:
-    """Make a rename/creation inside ``path`` durable (best effort where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -162,8 +169,10 @@ class Checkpointer:
             meta: JSON-serializable metadata.
 
         Raises:
-            CheckpointError: bad arguments, or the disk refused a write (full disk, quota, permissions). The
-                temporary directory is removed and the checkpoints already saved are untouched.
+            CheckpointError: bad arguments, or the disk refused a write (full disk, quota, permissions), or a
+                symlink (FIFO, ...) lies where the checkpoint is to be written (CheckpointWriteError whose message
+                is the refusal's one line). The temporary directory is removed and the checkpoints already saved
+                are untouched.
         """
         step = self._check_step(step)
         check_tensors(tensors)
@@ -171,38 +180,30 @@ class Checkpointer:
 
         final = self.path_of(step)
         try:
-            os.makedirs(self.ckpt_root, exist_ok=True)
+            make_dirs_in_root(self.root_dir, self.ckpt_root)
+            self._remove_stale_tmp_dirs()
         except OSError as e:
             raise self._write_error(final, "", e) from e
-        self._remove_stale_tmp_dirs()
 
         tmp = os.path.join(self.ckpt_root, f".tmp-ckpt-{step}-{os.getpid()}")
         current = tmp  # the file being written, for the error message
         try:
-            if os.path.exists(tmp):
-                shutil.rmtree(tmp)
-            os.mkdir(tmp)
+            remove_tree_in_root(self.root_dir, tmp)
+            make_dirs_in_root(self.root_dir, tmp)
             files = {}
             for name, value in tensors.items():
-                fname = f"{name}.pt"
-                current = os.path.join(tmp, fname)
-                with open(current, "wb") as f:
-                    w = _HashingWriter(f)
-                    torch.save(value, w)
-                    f.flush()
-                    os.fsync(f.fileno())
-                files[fname] = {"sha256": w.sha256.hexdigest(), "bytes": w.nbytes}
+                current = os.path.join(tmp, f"{name}.pt")
+                files[f"{name}.pt"] = self._write_file(current, lambda f, value=value: torch.save(value, f))
             current = os.path.join(tmp, META)
-            self._write_file(current, meta_bytes)
-            files[META] = {"sha256": hashlib.sha256(meta_bytes).hexdigest(), "bytes": len(meta_bytes)}
+            files[META] = self._write_file(current, lambda f: f.write(meta_bytes))
             current = os.path.join(tmp, MANIFEST)
-            self._write_file(current, encode_manifest(step, files))
-            _fsync_dir(tmp)
+            self._write_file(current, lambda f: f.write(encode_manifest(step, files)))
+            fsync_dir_in_root(self.root_dir, tmp)
             current = final
             self._move_into_place(tmp, final, step)
         except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            os_err = disk_error_in(e, errnos=None)  # torch wraps errors of the file it writes in a RuntimeError
+            self._remove_quietly(tmp)
+            os_err = unsafe_path_in(e) or disk_error_in(e, errnos=None)  # torch wraps a failed write's error
             if os_err is not None and isinstance(e, (OSError, RuntimeError)):
                 failed = os.path.basename(current) if os.path.dirname(current) == tmp else ""
                 raise self._write_error(final, failed, os_err) from e
@@ -212,37 +213,42 @@ class Checkpointer:
         self._prune(keep=step)
         return final
 
-    @staticmethod
-    def _write_file(path: str, data: bytes) -> None:
-        with open(path, "wb") as f:
-            f.write(data)
+    def _write_file(self, path: str, write) -> dict:
+        """Create the new file ``path`` (inside the root_dir, never through a link), call ``write(sink)`` with a
+        file-like sink that hashes what it is given, fsync it; returns its manifest entry ``{"sha256", "bytes"}``."""
+        with open_in_root(self.root_dir, path, "xb") as f:
+            sink = _HashingWriter(f)
+            write(sink)
             f.flush()
             os.fsync(f.fileno())
+        return {"sha256": sink.sha256.hexdigest(), "bytes": sink.nbytes}
 
     def _move_into_place(self, tmp: str, final: str, step: int) -> None:
-        """Rename the finished ``tmp`` to ``final``; an existing ``final`` is moved aside first, deleted after."""
+        """Rename the finished ``tmp`` to ``final``; an existing ``final`` is moved aside first, deleted after (file
+        by file, as rotation deletes). A symlink (or anything but a directory) at ``final`` is refused."""
         old = None
-        if os.path.lexists(final):
+        if require_kind_in_root(self.root_dir, final, "dir") == "dir":
             old = os.path.join(self.ckpt_root, f".tmp-old-ckpt-{step}-{os.getpid()}")
-            if os.path.lexists(old):
-                shutil.rmtree(old)
-            os.rename(final, old)
+            remove_tree_in_root(self.root_dir, old)
+            rename_in_root(self.root_dir, final, old)
         try:
-            os.rename(tmp, final)
+            rename_in_root(self.root_dir, tmp, final)
         except BaseException:
             if old is not None:
                 try:
-                    os.rename(old, final)  # put the previous checkpoint back
+                    rename_in_root(self.root_dir, old, final)  # put the previous checkpoint back
                 except OSError:
                     logger.warning("could not move the previous checkpoint %s back to %s", old, final)
             raise
-        _fsync_dir(self.ckpt_root)
+        fsync_dir_in_root(self.root_dir, self.ckpt_root)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            self._delete_checkpoint(old)
 
     def _write_error(self, final: str, failed_file: str, e: OSError) -> CheckpointWriteError:
         """One line: the checkpoint (and its file) that could not be written, why, what to free or change, and that
-        the last checkpoint written before is untouched."""
+        the last checkpoint written before is untouched; a refused path (a symlink, ...) is its own line alone."""
+        if isinstance(e, UnsafePathError):
+            return CheckpointWriteError(str(e), file=e.filename or final)
         message = write_failure("checkpoint", final, e, file=failed_file)
         return CheckpointWriteError(f"{message}; {self.last_checkpoint_note()}", file=final)
 
@@ -256,19 +262,24 @@ class Checkpointer:
         return (f"the last checkpoint, {self.path_of(written[-1])}, is intact" if written
                 else "no checkpoint was written before")
 
-    def _remove_stale_tmp_dirs(self) -> None:
-        """Delete ``.tmp-*`` directories left by killed saves (not those of a live process saving right now)."""
+    def _remove_quietly(self, tmp: str) -> None:
+        """Delete alfish's own temporary directory ``tmp`` after a failed save (never crossing a link)."""
         try:
-            names = os.listdir(self.ckpt_root)
-        except OSError:
-            return
-        for name in names:
+            remove_tree_in_root(self.root_dir, tmp)
+        except OSError as e:
+            logger.warning("could not remove the temporary checkpoint directory %s: %s", tmp, e)
+
+    def _remove_stale_tmp_dirs(self) -> None:
+        """Delete ``.tmp-*`` directories left by killed saves (not those of a live process saving right now); a
+        symlink by such a name is removed itself, never what it points to."""
+        for name in list_dir_in_root(self.root_dir, self.ckpt_root):
             m = _TMP_RE.match(name)
             if m and not _pid_alive(int(m.group(2))):
                 logger.info("removing %s left by an interrupted checkpoint save", os.path.join(self.ckpt_root, name))
-                shutil.rmtree(os.path.join(self.ckpt_root, name), ignore_errors=True)
+                self._remove_quietly(os.path.join(self.ckpt_root, name))
 
     def _prune(self, keep: int) -> None:
+        """Delete the oldest checkpoints beyond ``max_to_keep`` (never ``keep``, the one just written)."""
         if self.max_to_keep is None:
             return
         steps = self.steps()
@@ -278,8 +289,30 @@ class Checkpointer:
                 break
             if s == keep:
                 continue
-            shutil.rmtree(self.path_of(s), ignore_errors=True)
+            self._delete_checkpoint(self.path_of(s))
             excess -= 1
+
+    def _delete_checkpoint(self, path: str) -> None:
+        """Delete the checkpoint directory ``path``: the files its manifest lists and the manifest, then the
+        directory if nothing else is left in it. A link at ``path`` is not followed nor deleted through, and a
+        directory whose manifest cannot be read is left as it is; either is one warning."""
+        try:
+            require_kind_in_root(self.root_dir, path, "dir")
+            raw = read_bytes_in_root(self.root_dir, os.path.join(path, MANIFEST), MAX_MANIFEST_BYTES)
+            if len(raw) > MAX_MANIFEST_BYTES:
+                raise ValueError(f"{os.path.join(path, MANIFEST)} is larger than {MAX_MANIFEST_BYTES} bytes")
+            listed = loads_bounded(raw, os.path.join(path, MANIFEST), _MAX_MANIFEST_VALUES)["files"]
+            if not isinstance(listed, dict):
+                raise TypeError(f"{os.path.join(path, MANIFEST)} has no table of files")
+            names = [name for name in listed if isinstance(name, str)] + [MANIFEST]
+            left = remove_listed(self.root_dir, path, names)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            logger.warning("left the old checkpoint %s in place (alfish deletes a checkpoint only by its manifest): "
+                           "%s", path, " ".join(str(e).split()) or type(e).__name__)
+            return
+        if left:
+            logger.warning("deleted the old checkpoint %s except what its manifest does not list: %s", path,
+                           ", ".join(left))
 
     # ------------------------------------------------------------------ loading
 
@@ -311,17 +344,18 @@ class Checkpointer:
     def set_aside(self, steps: list[int], dest: str) -> list[str]:
         """Move the checkpoint directories of ``steps`` into the directory ``dest`` (created; it must not hold them
         yet), never deleting anything; returns their new paths. Used for checkpoints that did not verify, so that no
-        later save replaces a file nobody could read."""
-        os.makedirs(dest, exist_ok=True)
+        later save replaces a file nobody could read. ``dest`` lies in the root_dir; a link on the way to it is
+        refused, and a checkpoint entry that is a link is moved as the link itself."""
+        make_dirs_in_root(self.root_dir, dest)
         moved = []
         for step in steps:
             target = os.path.join(dest, os.path.basename(self.path_of(step)))
-            if os.path.lexists(target):
+            if kind_in_root(self.root_dir, target) != "missing":
                 raise CheckpointError(f"cannot move {self.path_of(step)} aside: {target} exists; move one of them "
                                       "elsewhere and rerun")
-            os.rename(self.path_of(step), target)
+            rename_in_root(self.root_dir, self.path_of(step), target)
             moved.append(target)
-        _fsync_dir(self.ckpt_root)
+        fsync_dir_in_root(self.root_dir, self.ckpt_root)
         return moved
 
     def load(self, step: int) -> LoadedCheckpoint:

@@ -17,15 +17,19 @@ import shutil
 import tempfile
 from typing import Optional
 
+from alfish.rundir.safe_paths import UnsafePathError, open_in_root, require_kind_in_root
+
 __all__ = ["DiskWriteError", "check_root_dir", "disk_error_in", "human_bytes", "mount_point", "write_failure"]
 
 # Errnos that say the file system refuses writes for a while: another write (say a crash checkpoint) would fail
 # the same way. EACCES/EPERM are left out: a *read* that is not permitted raises them too.
 DISK_FULL_ERRNOS = frozenset(e for e in (errno.ENOSPC, getattr(errno, "EDQUOT", None), errno.EROFS) if e is not None)
 
-# Files and folders a run writes in an existing root_dir (checked at start-up when they exist).
-RUN_DIRS = ("checkpoints", "tb", "config")
-RUN_FILES = ("log.txt", "eval_log.jsonl")
+# Folders a run writes in an existing root_dir, and the files it appends to (checked at start-up when they exist).
+RUN_DIRS = ("checkpoints", os.path.join("checkpoints", "best"), "tb", "config", "videos", "run_record", "profile")
+RUN_FILES = ("log.txt", "eval_log.jsonl", "scalars.csv")
+# Files a run replaces (written to a temporary name, renamed over): checked to be regular files, never opened.
+REPLACED_FILES = (os.path.join("config", "operative.gin"), os.path.join("config", "full.gin"))
 _PROBE_BYTES = 4096  # written by the start-up probe: a full disk refuses it (an empty file may still be created)
 
 
@@ -115,7 +119,11 @@ def _user() -> str:
 
 def write_failure(what: str, path: str, err: OSError, file: str = "") -> str:
     """One line: ``cannot write <what> <path> (<file>): <reason> (<ERRNO>); <what to do>``; ``file`` names the file
-    of ``path`` (a folder) that failed, when that helps."""
+    of ``path`` (a folder) that failed, when that helps. A path alfish refused to write through (an
+    ``UnsafePathError``: a symlink, FIFO or hard link inside the root_dir) is its own one line: it names the path and
+    what to do, and no disk advice applies."""
+    if isinstance(err, UnsafePathError):
+        return str(err)
     reason = err.strerror or str(err) or type(err).__name__
     code = errno.errorcode.get(err.errno, "") if err.errno else ""
     where = f"{what} {path}" if what else path
@@ -149,13 +157,25 @@ def _probe(folder: str) -> None:
         os.unlink(name)
 
 
+def _check_run_paths(root_dir: str) -> None:
+    """Refuse a run folder or file of ``root_dir`` that is a symlink (or a FIFO, device, ...) before anything is
+    built: alfish would otherwise write through it, outside the root_dir."""
+    wanted = [(name, "dir") for name in RUN_DIRS] + [(name, "file") for name in RUN_FILES + REPLACED_FILES]
+    for name, kind in wanted:
+        try:
+            require_kind_in_root(root_dir, name, kind)
+        except UnsafePathError as e:
+            raise DiskWriteError(str(e)) from e
+
+
 def check_root_dir(root_dir: str) -> None:
-    """Make sure a run can write in ``root_dir`` before anything is built: create it if missing, write a probe file
-    in it and in the run folders it already has (checkpoints, tb, config), and open its logs for appending.
+    """Make sure a run can write in ``root_dir`` before anything is built: create it if missing, refuse run folders
+    and files that are links or not regular (``_check_run_paths``), write a probe file in it and in the run folders
+    it already has (checkpoints, tb, config, ...), and open its logs for appending.
 
     Raises:
         DiskWriteError: one line naming the path and what to change (a file where the directory should be, a
-            read-only or unwritable directory, a full disk).
+            read-only or unwritable directory, a full disk, a symlink or hard link where a run writes).
     """
     message = _not_a_directory(root_dir)
     if message:
@@ -166,6 +186,7 @@ def check_root_dir(root_dir: str) -> None:
     except OSError as e:
         raise DiskWriteError(write_failure("--root_dir", root_dir, e).replace("cannot write", "cannot create", 1)) \
             from e
+    _check_run_paths(path)
     folders = [path] + [os.path.join(path, d) for d in RUN_DIRS if os.path.isdir(os.path.join(path, d))]
     for folder in folders:
         try:
@@ -177,7 +198,7 @@ def check_root_dir(root_dir: str) -> None:
         file = os.path.join(path, name)
         if os.path.lexists(file):
             try:
-                with open(file, "ab"):  # appending nothing changes nothing
+                with open_in_root(path, name, "ab"):  # appending nothing changes nothing
                     pass
             except OSError as e:
                 raise DiskWriteError(write_failure("", file, e)) from e

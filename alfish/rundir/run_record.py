@@ -12,6 +12,8 @@
       alfish nor installed packages.
   Source copies are stored with a ``.txt`` suffix (``sac.py.txt``) and nothing reads them back: no copy is ever put on
   ``sys.path`` when a root_dir is read (DESIGN.md §3.13). Each start of the run (a resume too) writes its own folder.
+  The folder is made and written through ``alfish.rundir.safe_paths`` (a symlinked ``run_record/`` is refused, not
+  written through); what is copied (the conf, modules, alfish's source) is read from the user's own, trusted paths.
 """
 from __future__ import annotations
 
@@ -20,7 +22,6 @@ import importlib.metadata
 import logging
 import os
 import re
-import shutil
 import subprocess
 import sys
 import sysconfig
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 import alfish
+from alfish.rundir.safe_paths import make_dirs_in_root, open_in_root
 
 PACKAGE_DIR = Path(alfish.__file__).resolve().parent
 MAX_SNAPSHOT_BYTES = 1 << 20  # a code snapshot larger than this is cut (TensorBoard text is for reading)
@@ -61,22 +63,38 @@ def snapshot_texts(files: Sequence[Path]) -> dict[str, str]:
 # ------------------------------------------------------------------------------------------------- run record ----
 def write_run_record(root_dir: str, conf_file: Optional[str], argv: Sequence[str]) -> Path:
     """Write ``ROOT_DIR/run_record/<start time>/`` (see the module docstring); returns the folder. Failures to read
-    git or the packages are noted in the record, never fatal."""
+    git or the packages are noted in the record, never fatal.
+
+    Raises:
+        UnsafePathError: ``run_record/`` (or a folder in it) is a symlink, ... (one line); OSError: the disk.
+    """
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    folder = Path(root_dir) / "run_record" / stamp
-    folder.mkdir(parents=True, exist_ok=False)
-    (folder / "command.txt").write_text(" ".join(argv) + "\n")
-    (folder / "packages.txt").write_text(installed_packages())
-    if not _write_git(folder):
-        _copy_sources(PACKAGE_DIR, folder / "alfish_source")
+    folder = Path(make_dirs_in_root(root_dir, os.path.join("run_record", stamp)))
+    record = _RecordWriter(root_dir, folder)
+    record.write("command.txt", " ".join(argv) + "\n")
+    record.write("packages.txt", installed_packages())
+    if not _write_git(record):
+        _copy_sources(PACKAGE_DIR, record, "alfish_source")
     if conf_file and Path(conf_file).is_file():
-        (folder / "conf").mkdir()
-        shutil.copy2(conf_file, folder / "conf" / Path(conf_file).name)
-        for module_file in user_module_files(Path(conf_file).read_text()):
-            (folder / "user_modules").mkdir(exist_ok=True)
-            shutil.copy2(module_file, folder / "user_modules" / f"{module_file.name}.txt")
+        conf = Path(conf_file)
+        record.write(f"conf/{conf.name}", conf.read_bytes())
+        for module_file in user_module_files(conf.read_text()):
+            record.write(f"user_modules/{module_file.name}.txt", module_file.read_bytes())
     logging.info("run record written to %s", folder)
     return folder
+
+
+class _RecordWriter:
+    """Writes the files of one run record ``folder`` (inside ``root_dir``) through ``safe_paths``."""
+
+    def __init__(self, root_dir: str, folder: Path) -> None:
+        self.root_dir, self.folder = root_dir, folder
+
+    def write(self, name: str, content: str | bytes) -> None:
+        """The new file ``folder/name`` (``name`` may hold '/': its folders are made) with ``content``."""
+        data = content.encode("utf-8") if isinstance(content, str) else content
+        with open_in_root(self.root_dir, str(self.folder / name), "wb", create_dirs=True) as f:
+            f.write(data)
 
 
 def installed_packages() -> str:
@@ -103,7 +121,7 @@ def user_module_files(conf_text: str) -> list[Path]:
     return files
 
 
-def _write_git(folder: Path) -> bool:
+def _write_git(record: _RecordWriter) -> bool:
     """``git.txt`` and ``git.diff`` of the checkout holding alfish; False when it is not in one (or git is missing)."""
     def git(*args: str) -> Optional[str]:
         try:
@@ -117,13 +135,12 @@ def _write_git(folder: Path) -> bool:
         return False
     branch = git("rev-parse", "--abbrev-ref", "HEAD") or "?"
     status = git("status", "--short") or ""
-    (folder / "git.txt").write_text(f"commit {commit.strip()}\nbranch {branch.strip()}\nstatus:\n{status}")
-    (folder / "git.diff").write_text(git("diff", "HEAD") or "")
+    record.write("git.txt", f"commit {commit.strip()}\nbranch {branch.strip()}\nstatus:\n{status}")
+    record.write("git.diff", git("diff", "HEAD") or "")
     return True
 
 
-def _copy_sources(package: Path, dest: Path) -> None:
+def _copy_sources(package: Path, record: _RecordWriter, dest: str) -> None:
+    """A copy of ``package``'s ``.py`` files (each as ``<name>.py.txt``) in the record's folder ``dest``."""
     for file in package.rglob("*.py"):
-        target = dest / file.relative_to(package)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(file, target.with_name(target.name + ".txt"))
+        record.write(f"{dest}/{file.relative_to(package).as_posix()}.txt", file.read_bytes())

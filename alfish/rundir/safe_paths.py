@@ -28,7 +28,8 @@ import stat
 from typing import IO, Any, Iterator, Optional
 
 __all__ = ["UnsafePathError", "open_in_root", "read_bytes_in_root", "make_dirs_in_root", "kind_in_root",
-           "list_dir_in_root", "remove_tree_in_root", "remove_listed", "rename_in_root"]
+           "require_kind_in_root", "list_dir_in_root", "remove_tree_in_root", "remove_listed", "rename_in_root",
+           "fsync_dir_in_root", "unsafe_path_in"]
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -192,6 +193,9 @@ def open_in_root(root: str, path: str, mode: str = "rb", *, create_dirs: bool = 
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENXIO, errno.EMLINK):  # a link; a FIFO opened to write, no reader
                 raise _refusal(shown, _lstat_at(parts[-1], dir_fd), "file") from None
+            st = _lstat_at(parts[-1], dir_fd) if e.errno == errno.EEXIST else None
+            if st is not None and not stat.S_ISREG(st.st_mode):  # mode 'x' met a link (or a FIFO): say so
+                raise _refusal(shown, st, "file") from None
             raise
     _checked_fd(fd, shown, writing=flags & (os.O_WRONLY | os.O_RDWR) != 0)
     if truncate:
@@ -241,6 +245,24 @@ def kind_in_root(root: str, path: str) -> str:
         if test(mode):
             return name
     return "other"
+
+
+def require_kind_in_root(root: str, path: str, wanted: str) -> str:
+    """'missing' or ``wanted`` ('file' or 'dir'): what ``path`` inside ``root`` is, without following links.
+
+    Raises:
+        UnsafePathError: ``path`` is anything else (a symlink, a FIFO, a file where a directory should be), or a
+            link or non-directory lies on the way (one line naming it and what to do).
+    """
+    kind = kind_in_root(root, path)
+    if kind in ("missing", wanted):
+        return kind
+    root_abs, parts = _parts(root, path)
+    if not parts:
+        raise _refusal(root_abs, os.stat(root_abs), "file")
+    with _dir_fd(root_abs, parts[:-1], create=False) as dir_fd:
+        st = _lstat_at(parts[-1], dir_fd)
+    raise _refusal(os.path.join(root_abs, *parts), st, "directory" if wanted == "dir" else "file")
 
 
 def list_dir_in_root(root: str, path: str) -> list[str]:
@@ -298,3 +320,23 @@ def rename_in_root(root: str, src: str, dst: str) -> None:
     with _dir_fd(root_abs, src_parts[:-1], create=False) as src_fd, \
             _dir_fd(root_abs, dst_parts[:-1], create=True) as dst_fd:
         os.rename(src_parts[-1], dst_parts[-1], src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+
+
+def fsync_dir_in_root(root: str, path: str) -> None:
+    """Make the creations and renames inside the directory ``path`` (inside ``root``, reached without following
+    links) durable; best effort: a file system that cannot sync directories is ignored."""
+    root_abs, parts = _parts(root, path)
+    with _dir_fd(root_abs, parts, create=False) as fd, contextlib.suppress(OSError):
+        os.fsync(fd)
+
+
+def unsafe_path_in(exc: Optional[BaseException]) -> Optional[UnsafePathError]:
+    """The first UnsafePathError in ``exc``'s chain (``__cause__``/``__context__``, ``exc`` included), or None: a
+    refusal that a library (or alfish's own error types) wrapped."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, UnsafePathError):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None

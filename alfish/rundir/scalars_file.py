@@ -4,7 +4,8 @@ Format: a header ``step,tag,value,wall_time`` (written when the file is new or e
 the step it was written with, its TensorBoard tag (quoted only if it holds a comma or a quote), its value as
 ``repr(float)`` (round-trips exactly) and ``wall_time`` in seconds since the epoch with three decimals (as
 TensorBoard's events). A resumed run appends to the same file. Writes the disk refuses become one
-``DiskWriteError`` line naming the file.
+``DiskWriteError`` line naming the file; so does a file alfish refuses to open (a symlink, FIFO or hard link: it is
+opened through ``alfish.rundir.safe_paths``).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import time
 from typing import Iterator, Optional
 
 from alfish.rundir.disk import DiskWriteError, write_failure
+from alfish.rundir.safe_paths import open_in_root
 
 __all__ = ["HEADER", "ScalarsFile"]
 
@@ -22,15 +24,19 @@ _WHAT = "the scalars CSV"  # how write_failure names the file
 
 
 class ScalarsFile:
-    """An open scalars CSV at ``path`` (created, with its header, when missing or empty; appended to otherwise)."""
+    """An open scalars CSV at ``path`` (created, with its header, when missing or empty; appended to otherwise).
 
-    def __init__(self, path: str) -> None:
+    ``root_dir``: the results directory ``path`` lies in, as the user typed it (no link below it is followed);
+    None: the directory of ``path``.
+    """
+
+    def __init__(self, path: str, root_dir: Optional[str] = None) -> None:
         self.path = path
         self._file = None
         with self._disk_errors():
-            new = not os.path.exists(path) or os.path.getsize(path) == 0
-            self._file = open(path, "a", newline="")
-            if new:
+            root = root_dir if root_dir is not None else os.path.dirname(os.path.abspath(path))
+            self._file = open_in_root(root, os.path.abspath(path), "a", newline="")
+            if os.fstat(self._file.fileno()).st_size == 0:
                 self._file.write(HEADER)
 
     @contextlib.contextmanager

@@ -7,15 +7,20 @@ and records the next ``Profiler.active_iterations``; then it writes
     ROOT_DIR/profile/top_ops-<first>-<last>.txt  the ops with the most self CPU time (and CUDA time on a GPU)
 
 A run that ends inside the window writes what it recorded. Only rank 0 profiles (the ranks run the same code).
+Both files are written through ``alfish.rundir.atomic_text`` (never through a link inside the root_dir): torch
+exports the trace to a private temporary folder first, since it writes only by file name.
 """
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 from typing import Optional
 
 import gin
 import torch
+
+from alfish.rundir.atomic_text import write_bytes_atomic, write_text_atomic
 
 
 class NullProfiler:
@@ -44,7 +49,8 @@ class IterationProfiler(NullProfiler):
         if skip_iterations < 0 or active_iterations < 1:
             raise ValueError(f"Profiler.skip_iterations={skip_iterations} must be >= 0 and "
                              f"Profiler.active_iterations={active_iterations} >= 1")
-        self.folder = os.path.join(root_dir, "profile")
+        self.root_dir = root_dir
+        self.folder = os.path.join(os.path.abspath(root_dir), "profile")  # (safe_paths: absolute, or root-relative)
         self.skip, self.active, self.row_limit = skip_iterations, active_iterations, row_limit
         self._seen = 0  # iterations of this process's run
         self._first: Optional[int] = None  # the first recorded iteration (the run's count)
@@ -86,16 +92,18 @@ class IterationProfiler(NullProfiler):
         if self._first is None:
             logging.info("profiling: the run ended before any iteration was recorded; nothing written")
             return
-        os.makedirs(self.folder, exist_ok=True)
         span = f"{self._first}-{self._last}"
         trace = os.path.join(self.folder, f"trace-{span}.json")
         table = os.path.join(self.folder, f"top_ops-{span}.txt")
-        self._profile.export_chrome_trace(trace)
+        with tempfile.TemporaryDirectory(prefix="alfish-profile-") as private:
+            exported = os.path.join(private, "trace.json")
+            self._profile.export_chrome_trace(exported)
+            with open(exported, "rb") as f:
+                write_bytes_atomic(self.root_dir, trace, f.read())
         sort_by = "self_cuda_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
-        with open(table, "w") as f:
-            f.write(f"# iterations {span} ({self._last - self._first + 1}); sorted by {sort_by}\n")
-            f.write(self._profile.key_averages().table(sort_by=sort_by, row_limit=self.row_limit))
-            f.write("\n")
+        write_text_atomic(self.root_dir, table,
+                          f"# iterations {span} ({self._last - self._first + 1}); sorted by {sort_by}\n"
+                          f"{self._profile.key_averages().table(sort_by=sort_by, row_limit=self.row_limit)}\n")
         self.paths = [trace, table]
         logging.info("profiling: iterations %s written to %s and %s (open the trace in https://ui.perfetto.dev)",
                      span, trace, table)

@@ -7,6 +7,7 @@ TensorBoard writes events in a thread of its own. When the disk refuses a write 
 Python's default thread hook prints as a traceback. ``Summaries`` turns the error into one ``DiskWriteError`` line
 in the training thread, keeps the writer thread's copy off stderr (``_quiet_writer_threads``: only OSErrors of
 TensorBoard's writer threads, everything else goes to the previous hook), and closes the writer without raising.
+``tb/`` must be a real folder inside the root_dir (``safe_paths.make_dirs_in_root``): a symlink there is refused.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.rundir.disk import DiskWriteError, write_failure
+from alfish.rundir.safe_paths import make_dirs_in_root
 from alfish.rundir.scalars_file import ScalarsFile
 
 #: A histogram's values, or ``(values, bins)`` (``bins`` as ``np.histogram`` takes them; default TensorBoard's).
@@ -87,9 +89,12 @@ class Summaries:
         self.log_dir = os.path.join(root_dir, "tb")
         _quiet_writer_threads()
         with self._disk_errors():
+            # TensorBoard creates its event files by name in tb/: make sure tb/ is a real folder inside the root_dir
+            # (a symlinked tb/ is refused here, in one line, rather than written through)
+            make_dirs_in_root(root_dir, "tb")
             self.writer = SummaryWriter(log_dir=self.log_dir, flush_secs=flush_secs, max_queue=max_queue)
         self.csv_path = csv_path
-        self._csv = ScalarsFile(csv_path) if csv_path is not None else None
+        self._csv = ScalarsFile(csv_path, root_dir) if csv_path is not None else None
 
     @contextlib.contextmanager
     def _disk_errors(self) -> Iterator[None]:

@@ -31,6 +31,7 @@ from alfish.replay.null_replay import NullReplay
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.rundir.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.rundir.disk import DiskWriteError, disk_error_in
+from alfish.rundir.safe_paths import unsafe_path_in
 from alfish.schedulers import reset_progress, scheduler_summaries, update_progress
 from alfish.seeding import reseed
 from alfish.trainer.callbacks import CallbackList
@@ -293,8 +294,8 @@ class Trainer:
         if (self.config.num_checkpoints <= 0 or isinstance(err, NonFiniteLossError) or not self.dist.is_main
                 or not self.started):
             return  # a NaN model, or one never restored, is not worth saving over the last good checkpoint
-        if isinstance(err, DiskWriteError) or disk_error_in(err) is not None:
-            return
+        if isinstance(err, DiskWriteError) or disk_error_in(err) is not None or unsafe_path_in(err) is not None:
+            return  # (a path refused inside the root_dir, e.g. a symlinked checkpoints/: not written through either)
         try:
             if confirm_checkpoint_on_crash(self.config.confirm_checkpoint_upon_crash, sys.stdin):
                 logging.error("training crashed (%s: %s); writing a checkpoint", type(err).__name__, err)

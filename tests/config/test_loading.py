@@ -8,7 +8,8 @@ import gin
 import pytest
 from gin import config as gin_config
 
-from alfish.config import ConfError, load_conf, load_config_text, registration, write_config_record
+from alfish.config import ConfError, load_conf, load_config_text, registration
+from alfish.rundir.config_files import write_config_record
 
 
 # Configurables for these tests. Names start with "CfgTest"/"cfgtest_" so they cannot collide with (and become

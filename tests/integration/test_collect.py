@@ -16,12 +16,13 @@ import numpy as np
 import pytest
 
 from alfish.bin import collect
-from alfish.config import TrainerConfig, load_conf, write_config_record
+from alfish.config import TrainerConfig, load_conf
 from alfish.data.types import StepType
 from alfish.replay.offline.alfish_format import read_dataset
 from alfish.replay.offline.from_run import read_run
 from alfish.replay.offline.sources import load_offline_data
 from alfish.replay.offline.steps import check_steps
+from alfish.rundir.config_files import write_config_record
 
 from .inprocess import OFF_POLICY_POINT_GOAL, REPO
 

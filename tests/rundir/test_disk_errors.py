@@ -256,7 +256,11 @@ def test_full_disk_in_tensorboards_writer_thread_is_one_line(cli, tmp_path, monk
 
 
 def test_log_file_on_a_full_disk_warns_once_and_stderr_logging_goes_on(capfd):
-    handler = train_cli.LogFileHandler("/dev/full")  # every write fails with ENOSPC, for real
+    class DevFullHandler(train_cli.LogFileHandler):
+        def _open(self):  # /dev/full is a device, which the handler refuses to open inside a root_dir: open it here
+            return open(self.baseFilename, "a", encoding="utf-8")
+
+    handler = DevFullHandler("/dev/full")  # every write fails with ENOSPC, for real
     handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     logger = logging.getLogger("alfish.test_disk_errors")
     logger.addHandler(handler)
