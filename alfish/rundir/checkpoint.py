@@ -327,8 +327,10 @@ class Checkpointer:
 
     def scan(self) -> Scan:
         """Verify the checkpoints from the newest down until one loads: that one, and the newer ones that did not
-        (each skipped with one warning naming the file)."""
+        (each skipped with one warning naming the file). A ``ckpt-<step>`` that is not a real directory (a symlink)
+        is never read; it is named in one warning."""
         steps = self.steps()
+        self._warn_not_directories(steps)
         damaged: list[tuple[int, CheckpointError]] = []
         for i in range(len(steps) - 1, -1, -1):
             try:
@@ -340,6 +342,17 @@ class Checkpointer:
                 else:
                     logger.warning("%s; no older checkpoint is left to fall back to", printable(str(e)))
         return Scan(None, damaged)
+
+    def _warn_not_directories(self, steps: list[int]) -> None:
+        """One warning naming the ``ckpt-<step>`` entries that ``steps`` left out for not being real directories."""
+        try:
+            names = list_dir_in_root(self.root_dir, self.ckpt_root)
+        except OSError:
+            return
+        ignored = sorted(name for name in names if step_of_dir_name(name) not in (None, *steps))
+        if ignored:
+            logger.warning("ignored %s in %s: not real directories (alfish never follows a link inside a results "
+                           "directory)", printable(", ".join(ignored)), self.ckpt_root)
 
     def set_aside(self, steps: list[int], dest: str) -> list[str]:
         """Move the checkpoint directories of ``steps`` into the directory ``dest`` (created; it must not hold them

@@ -176,9 +176,14 @@ def test_rotation_deletes_only_what_the_manifest_lists_and_never_through_a_link(
     assert sorted(os.listdir(root / "checkpoints" / "ckpt-1")) == ["notes.txt"]  # the folder stays, with it
     assert os.path.islink(root / "checkpoints" / "ckpt-0") and tree_digest(outside) == before
     messages = [r.getMessage() for r in caplog.records]
-    assert any(f"{root}/checkpoints/ckpt-0 is a symlink" in m for m in messages), messages
     assert any(m.endswith("its manifest does not list: notes.txt") for m in messages), messages
-    assert ck.load(2).step == 2
+    assert ck.load(2).step == 2 and ck.steps() == [1, 2]  # the linked ckpt-0 is not a checkpoint of this run
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="alfish.rundir.checkpoint"):
+        assert ck.scan().latest.step == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        f"ignored ckpt-0 in {root}/checkpoints: not real directories (alfish never follows a link inside a results "
+        "directory)"]
 
 
 def test_rotation_leaves_a_checkpoint_whose_manifest_cannot_be_read(tmp_path, caplog):
