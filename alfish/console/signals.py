@@ -3,7 +3,8 @@
 ``SIGTERM``/``SIGINT`` ask the loop to stop after the current iteration (the trainer then checkpoints and exits with
 ``128 + signal``, the shell's convention); ``SIGUSR2`` asks for a checkpoint without stopping (e.g. before a cluster
 preemption: ``kill -USR2 <pid>``). Handlers only set flags, arm a deadline and write one line to stderr with a raw
-``os.write``: they never take locks or log (a handler runs between any two bytecodes of the main thread).
+``os.write``: they never log (a handler runs between any two bytecodes of the main thread); the exit on a second
+signal takes a log file's lock only with a timeout (``alfish.console.hard_exit``).
 
 A stop always ends the process: when the current iteration has not ended ``stop_grace_s`` seconds after the signal
 (an env step that never returns, a collective that waits forever), the watchdog thread ends it with ``128 + signal``

@@ -86,7 +86,9 @@ class Trainer:
         with SignalRequests(self.options.stop_grace_s) as signals:
             try:
                 self._restore_or_start()
-                if signals.stop_requested:  # during the restore (e.g. a long action-log replay): nothing new to save
+                if signals.stop_requested and self.dist.world_size == 1:
+                    # during the restore (e.g. a long action-log replay): nothing new to save (ranks of a DDP job
+                    # agree on stopping at an iteration's end instead)
                     logging.warning("stopped by signal %s before the first iteration; no checkpoint written (the "
                                     "previous one, if any, is where a rerun resumes)", signals.stop_signal)
                     return signals.exit_code()
