@@ -10,7 +10,10 @@ Nothing is deleted either way.
 Exit status: 0 when training finished; 2 for a problem found before training starts (the conf, a root_dir that is
 not a writable directory, checkpoints that do not verify), reported in one line; 1 for a failure during training (a
 write the disk refused, a NaN loss, a dead or hung child, env worker or rank, an env breaking its contract: reported
-by their message alone; anything else, i.e. a bug, with its traceback); 128+N when stopped by signal N.
+by their message alone; anything else, i.e. a bug, with its traceback); 128+N when stopped by signal N. An in-process
+env step that hangs past create_environment.step_timeout_s ends the process with 1, an iteration that outlives
+Trainer.stop_grace_s after the signal (or a second signal) with 128+N, each in one line, without a checkpoint of the
+unfinished iteration (alfish/console/hard_exit.py).
 Under torchrun, a rank that fails writes its one-line error to torchrun's error file, so the job's failure summary
 ("Root Cause") names it; a traceback goes to the rank's stderr.
 """
@@ -236,4 +239,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C before the trainer's signal handlers are in place (imports, building)
+        print("alfish: interrupted before training started; no checkpoint was written", file=sys.stderr)
+        sys.exit(130)

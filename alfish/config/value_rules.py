@@ -182,6 +182,7 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     'Learner.finite_check_interval': AT_LEAST_ONE,
     'Trainer.num_threads': (AT_LEAST_ONE, OneOf(('auto',))),
     'Trainer.progress_log_interval_s': Range(0, low_open=True, note='seconds'),
+    'Trainer.stop_grace_s': Range(0, low_open=True, note='seconds after SIGTERM before the process ends anyway'),
     'Trainer.host_memory_cache_mb': Range(0, note='MB; 0: malloc defaults'),
     # Schedules.
     '*.progress_type': OneOf('alfish.schedulers.progress:PROGRESS_TYPES'),

@@ -18,8 +18,9 @@ import torch
 
 from alfish.data.types import StepType, TimeStep
 from alfish.envs.contract import EnvContractError
-from alfish.envs.episode_log import RESTORE
+from alfish.envs.episode_log import RESTORE, RESTORE_HEARTBEAT, check_resume_states
 from alfish.envs.factory import EnvFactory
+from alfish.envs.step_watch import StepWatch
 from alfish.envs.workers import EnvWorkers
 
 VECTORIZATIONS = ("sync", "async", "envpool")
@@ -68,6 +69,8 @@ class BatchedEnv:
             self._venv = EnvWorkers(fns, env_name, step_timeout_s, autoreset_mode=mode)
         self._async = vectorization == "async"
         self._envpool = vectorization == "envpool"
+        # in-process envs: a step or reset that never returns ends the process (EnvWorkers time out their own)
+        self._watch = None if self._async else StepWatch(env_name, vectorization, step_timeout_s)
         self.observation_space = self._venv.single_observation_space
         self.action_space = self._venv.single_action_space
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
@@ -90,7 +93,7 @@ class BatchedEnv:
             self._venv.reset_async(seed=seeds)
             obs, _ = self._venv.reset_wait(timeout=self._step_timeout_s)
         else:
-            obs, _ = self._venv.reset(seed=seeds)
+            obs, _ = self._watched("reset()", self._venv.reset, seed=seeds)
         self._venv.action_space.seed(seed)  # random_action() is reproducible too
         self._prev_done[:] = False
         n = self.num_envs
@@ -110,7 +113,7 @@ class BatchedEnv:
             self._venv.step_async(env_action)
             obs, reward, terminated, truncated, _ = self._venv.step_wait(timeout=self._step_timeout_s)
         else:
-            obs, reward, terminated, truncated, _ = self._venv.step(env_action)
+            obs, reward, terminated, truncated, _ = self._watched("step()", self._venv.step, env_action)
         first = self._prev_done
         done = terminated | truncated
         step_type = np.where(first, StepType.FIRST, np.where(done, StepType.LAST, StepType.MID)).astype(np.int8)
@@ -141,14 +144,17 @@ class BatchedEnv:
     def restore(self, states: list[dict], prev_done: np.ndarray) -> list[bool]:
         """Put every env back where ``resume_states`` left it (reset with its episode's seed, the actions replayed);
         returns, per env, whether its last observation came out as stored (False: the env is not deterministic, or
-        its episode was too long to log). ``prev_done``: which envs had just ended an episode."""
-        options = {RESTORE: dict(enumerate(states))}
+        its episode was too long to log, or its log was damaged: ``check_resume_states``). ``prev_done``: which envs
+        had just ended an episode."""
+        options = {RESTORE: dict(enumerate(check_resume_states(states, self.env_name)))}
         indices = list(range(self.num_envs))  # (each env's seed argument is its index: it picks its own state)
         if self._async:
             self._venv.reset_async(seed=indices, options=options)
             self._venv.reset_wait(timeout=self._step_timeout_s)
         else:
-            self._venv.reset(seed=indices, options=options)
+            # each replayed step may take step_timeout_s, not the whole replay: the env re-arms the watch per step
+            options[RESTORE_HEARTBEAT] = self._watch.rearm
+            self._watched("reset() replaying its logged actions", self._venv.reset, seed=indices, options=options)
         self._prev_done[:] = prev_done
         return [bool(m) for m in self._call("restored_exactly")]
 
@@ -156,7 +162,16 @@ class BatchedEnv:
         if self._async:
             self._venv.call_async(name)
             return self._venv.call_wait(timeout=self._step_timeout_s)
-        return self._venv.call(name)
+        return self._watched(f"call('{name}')", self._venv.call, name)
+
+    def _watched(self, doing: str, call: Any, *args: Any, **kwargs: Any) -> Any:
+        """``call(*args, **kwargs)`` of the in-process vector env, under the hang guard (``StepWatch``)."""
+        watch = self._watch
+        watch.arm(doing)
+        try:
+            return call(*args, **kwargs)
+        finally:
+            watch.disarm()
 
     def random_action(self) -> torch.Tensor:
         """A uniformly random action for each env, ``[B, *action_shape]``."""
@@ -241,8 +256,10 @@ def environment_settings(
     num_parallel_environments: ``B``, the number of envs stepped together.
     vectorization: ``'sync'`` (in this process), ``'async'`` (one subprocess per env, gymnasium AsyncVectorEnv) or
         ``'envpool'`` (EnvPool's C++ thread pool, ``pip install envpool``; Atari and EnvPool's other tasks).
-    step_timeout_s: seconds an async step or reset may take (a worker's start-up: at least 60 s) before it is an error
-        naming the worker and showing its Python stack; a worker that dies is an error at once, never a hang.
+    step_timeout_s: seconds a step or reset may take. ``'async'``: then it is an error naming the worker and showing its
+        Python stack (a worker's start-up may take at least 60 s); a worker that dies is an error at once, never a
+        hang. ``'sync'``/``'envpool'`` (in this process, which cannot interrupt the env): the process ends with one
+        line naming the env and where it hung, exit code 1 (``alfish/envs/step_watch.py``).
     """
     return EnvSettings(env_name, num_parallel_environments, seed, vectorization, env_kwargs, render_mode,
                        step_timeout_s)

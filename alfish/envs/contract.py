@@ -13,14 +13,20 @@ layer, which ``make`` then leaves out); only when that path fails does the full 
 problem or accepts the value (e.g. a float64 observation from a float32 space).
 
 Dtype rule: the observation's dtype must be of the space's kind (float for a float Box, integer for an integer Box,
-unsigned for an unsigned one, bool for a bool Box); another width of that kind is accepted and cast to the space's
-dtype by the batching (float64 from float32 math is common and harmless; it is numpy's 'same_kind' casting, which
-gymnasium's in-process batching applies). An integer observation from a float Box, or a float or signed one from a
-uint8 image Box, is an error: it means the space or the env is wrong. Values outside the space's bounds are not
-checked: that would cost a pass over every observation, and many envs overshoot their bounds harmlessly.
+unsigned for an unsigned one, bool for a bool Box); another width of that kind is cast to the space's dtype by the
+batching (numpy's 'same_kind' casting, which gymnasium's batching applies), with ONE warning per env id and pair of
+dtypes for the whole batch (float64 from float32 math is common and harmless; the warning says how to silence it, as
+gymnasium's env checker does). An integer of a wider type than the space's is cast only when its values fit: a value
+out of the space dtype's range is an error (the cast would wrap it), checked on every observation of such an env (the
+only dtype whose check costs a pass over the values). An integer observation from a float Box, or a float or signed
+one from a uint8 image Box, is an error: it means the space or the env is wrong. Values outside the space's bounds
+are not checked: that would cost a pass over every observation, and many envs overshoot their bounds harmlessly.
 """
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
 from math import isfinite
 from typing import Any, Optional
 
@@ -91,6 +97,28 @@ _ALSO_ACCEPTED = {"f": " (or another float dtype)", "i": " (or another integer d
                   "u": " (or another unsigned integer dtype)", "b": ""}
 
 
+#: Set in env worker processes (``alfish.envs.workers``): a folder the workers of one batch share, where the first
+#: worker to give a warning leaves a mark, so that the batch gives it once (in-process envs share ``_warned``).
+shared_warning_dir: Optional[str] = None
+_warned: set[str] = set()
+
+
+def _warn_once(key: str, message: str) -> None:
+    """Log ``message`` as a warning unless this process, or another worker of the batch, gave it already."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    if shared_warning_dir is not None:
+        mark = os.path.join(shared_warning_dir, "warned-" + hashlib.sha1(key.encode()).hexdigest()[:16])
+        try:
+            os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return
+        except OSError:
+            pass  # no mark: warn anyway
+    logging.getLogger(__name__).warning("%s", message)
+
+
 def _short_repr(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= _MAX_REPR else text[:_MAX_REPR - 3] + "..."
@@ -129,8 +157,27 @@ class _BoxContract:
         if not _castable(array.dtype, self.space.dtype):
             also = _ALSO_ACCEPTED.get(self.space.dtype.kind, "")
             raise self._error(f"of dtype {array.dtype}", f"{self.space.dtype}{also}", call)
-        if type(value) is np.ndarray:
+        if array.dtype == self.space.dtype:
+            return
+        wraps = _kind(array.dtype) == "integer" and not np.can_cast(array.dtype, self.space.dtype, casting="safe")
+        if wraps:
+            self._check_range(array, call)
+        _warn_once(f"{self.env_name}|{self.what}|{array.dtype}|{self.space.dtype}",
+                   f"env '{self.env_name}' returns {self.what} of dtype {array.dtype} from {call} but its "
+                   f"{self.space_name} is {self.space}: alfish casts it to {self.space.dtype} (warned once for all "
+                   f"its envs); return {self.space.dtype} arrays, or declare the space's dtype as {array.dtype}")
+        if type(value) is np.ndarray and not wraps:  # (a narrowing integer type is range-checked every time)
             self.ok_dtypes += (array.dtype,)
+
+    def _check_range(self, array: np.ndarray, call: str) -> None:
+        """An error unless every value of the integer ``array`` fits the space's integer dtype."""
+        if array.size == 0:
+            return
+        low, high, info = array.min(), array.max(), np.iinfo(self.space.dtype)
+        if low < info.min or high > info.max:
+            raise self._error(f"of dtype {array.dtype} with values in [{low}, {high}]",
+                              f"values that fit {self.space.dtype} ([{info.min}, {info.max}]: a cast would wrap them)",
+                              call)
 
 
 class _DictContract:

@@ -35,6 +35,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 import gymnasium as gym
 from gymnasium.vector.async_vector_env import AsyncState, _async_worker
 
+from alfish.envs import contract
 from alfish.envs.contract import EnvContractError
 
 # How long a worker's stack dump may take to appear, how long terminate() may take before SIGKILL, and how long
@@ -66,6 +67,7 @@ def _worker_main(diagnostics_dir: str, index: int, env_fn: Callable[[], gym.Env]
     the parent sends it only to a worker whose file exists."""
     global _diagnostics_file
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    contract.shared_warning_dir = diagnostics_dir  # the batch's workers give each contract warning once
     path = os.path.join(diagnostics_dir, f"{index}.txt")
     _diagnostics_file = open(path + ".starting", "w")
     faulthandler.enable(file=_diagnostics_file, all_threads=True)

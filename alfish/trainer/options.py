@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Optional, Sequence, Union
 
 import gin
@@ -19,6 +20,11 @@ class RunOptions:
     of this machine shared by its ranks; the rule and its measurements are in ``alfish/learn/threads.py``), a
     positive int, or ``None`` (torch's default: one per core, whatever else runs).
     progress_log_interval_s: seconds between progress lines when stderr is not a terminal.
+    stop_grace_s: after SIGTERM/SIGINT the run stops at the end of the current iteration (with a checkpoint); when
+    that iteration has not ended this many seconds after the signal (a hung env step, a stuck collective), the
+    process ends anyway with ``128 + signal`` and one line saying where it was stuck, without a checkpoint of the
+    unfinished iteration (the last checkpoint is intact). Writing the stop's checkpoint gets the same time again. A
+    second signal ends the process at once (``alfish/console/signals.py``).
     random_warm_up_actions: collect the ``initial_collect_steps`` with uniformly random actions instead of the
     untrained policy's (as the TD3 paper and SB3's ``learning_starts`` do; ALF uses the policy, the default here).
     Off-policy algorithms whose rollout stores no info (SAC, DDPG, TD3, DQN), synchronous unroll only.
@@ -53,6 +59,7 @@ class RunOptions:
     save_replay_buffer: bool = True
     num_threads: Union[int, str, None] = "auto"
     progress_log_interval_s: float = 10.0
+    stop_grace_s: float = 30.0
     random_warm_up_actions: bool = False
     host_memory_cache_mb: int = 256
     run_record: bool = True
@@ -83,6 +90,9 @@ class RunOptions:
         if self.warm_start not in ("weights", "weights_and_optimizer", "all"):
             raise ValueError(f"Trainer.warm_start={self.warm_start!r} is not one of 'weights', "
                              "'weights_and_optimizer', 'all'")
+        if isinstance(self.stop_grace_s, bool) or not isinstance(self.stop_grace_s, (int, float)) or not (
+                math.isfinite(self.stop_grace_s) and self.stop_grace_s > 0):
+            raise ValueError(f"Trainer.stop_grace_s={self.stop_grace_s!r} must be a finite number of seconds > 0")
         if self.host_memory_cache_mb < 0:
             raise ValueError(f"Trainer.host_memory_cache_mb={self.host_memory_cache_mb} must be >= 0 (0: malloc's "
                              "defaults)")

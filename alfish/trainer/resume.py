@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import Optional
+from typing import Any, Iterator, Optional
 
 import gin
 import torch
@@ -32,6 +32,7 @@ import torch.distributed as dist
 from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import example_experience
 from alfish.collect.episode_stats import EpisodeStats
+from alfish.envs.episode_log import MAX_LOGGED_ACTIONS
 from alfish.envs.spec import EnvSpec
 from alfish.learn.distributed import DistContext, broadcast_object
 from alfish.learn.learner import Learner
@@ -177,7 +178,76 @@ def restore(ckpt: LoadedCheckpoint, parts: CheckpointedParts, rank: int = 0, ran
     logging.info("resumed from %s: iteration %d, env steps %d", ckpt.path, parts.counters.iteration,
                  parts.counters.env_steps)
     warn_on_other_settings(ckpt, parts.learner)
-    return tensors.get("collector") if rank == 0 and ckpt.count("world_size", 1) == 1 else None
+    if rank > 0 or ckpt.count("world_size", 1) != 1:
+        return None
+    return checked_collector_state(tensors.get("collector"), parts.counters.env_steps, ckpt.path)
+
+
+def checked_collector_state(state: Any, env_steps: int, path: str) -> Optional[dict]:
+    """The collector's state as read from checkpoint ``path`` (``state``), or None with one warning when it is
+    damaged (``collector_state_problem``): the envs then restart instead of replaying their episodes in flight,
+    as for an env that is not deterministic (an inexact resume; the checkpoint's other parts are intact)."""
+    if state is None:
+        return None
+    problem = collector_state_problem(state, env_steps)
+    if problem is None:
+        return state
+    logging.warning("checkpoint %s: its record of the envs' episodes in flight is damaged (%s); the envs restart "
+                    "instead of replaying them (the resume is not exact)", path, problem)
+    return None
+
+
+def collector_state_problem(state: Any, env_steps: int) -> Optional[str]:
+    """What makes a checkpoint's collector state unusable (None: nothing). Every tensor must hold the elements it
+    claims (a stride-0 or overlapping tensor, or one larger than its storage, can make a few KB on disk stand for
+    gigabytes); each env's action log must be contiguous and hold at most ``MAX_LOGGED_ACTIONS`` actions, and at most
+    the env steps each env took by the checkpoint's counters (``env_steps`` over the number of envs)."""
+    if not isinstance(state, dict) or not isinstance(state.get("envs"), list) or not state["envs"]:
+        return "it has no list of env states"
+    for where, tensor in _tensor_leaves(state, "collector"):
+        problem = tensor_layout_problem(tensor)
+        if problem is not None:
+            return f"{where}: {problem}"
+    per_env = max(0, int(env_steps)) // len(state["envs"])
+    bound = min(MAX_LOGGED_ACTIONS, per_env)
+    for index, env in enumerate(state["envs"]):
+        actions = env.get("actions") if isinstance(env, dict) else None
+        if not isinstance(actions, torch.Tensor) or actions.dim() < 1 or not actions.is_contiguous():
+            return f"env {index}: its actions are not a contiguous tensor of at least one dimension"
+        if actions.shape[0] > bound:
+            return (f"env {index}: it claims {actions.shape[0]} logged actions, more than the {bound} its "
+                    f"{per_env} env steps (and the log's cap, {MAX_LOGGED_ACTIONS}) allow")
+    return None
+
+
+def tensor_layout_problem(tensor: torch.Tensor) -> Optional[str]:
+    """Why ``tensor`` does not hold the elements its shape claims, each once (None: it does): a broadcast
+    (stride-0) dimension, more elements than its storage holds, or a view reaching past its storage."""
+    if tensor.numel() == 0:
+        return None
+    if any(stride == 0 and size > 1 for stride, size in zip(tensor.stride(), tensor.shape)):
+        return f"a broadcast tensor (shape {list(tensor.shape)}, strides {list(tensor.stride())})"
+    if any(stride < 0 for stride in tensor.stride()):
+        return f"negative strides {list(tensor.stride())}"
+    held = tensor.untyped_storage().nbytes() // max(1, tensor.element_size())
+    extent = tensor.storage_offset() + 1 + sum((size - 1) * stride for size, stride in zip(tensor.shape,
+                                                                                            tensor.stride()))
+    if tensor.numel() > held or extent > held:
+        return (f"a tensor of shape {list(tensor.shape)} (strides {list(tensor.stride())}) over a storage of {held} "
+                "elements")
+    return None
+
+
+def _tensor_leaves(nest: Any, where: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(path, tensor)`` for every tensor in a nest of dicts, lists and tuples (as a checkpoint holds them)."""
+    if isinstance(nest, torch.Tensor):
+        yield where, nest
+    elif isinstance(nest, dict):
+        for key, value in nest.items():
+            yield from _tensor_leaves(value, f"{where}[{key!r}]")
+    elif isinstance(nest, (list, tuple)):
+        for index, value in enumerate(nest):
+            yield from _tensor_leaves(value, f"{where}[{index}]")
 
 
 def choose_resume_point(root_dir: str, checkpointer: Checkpointer, dist_ctx: DistContext,

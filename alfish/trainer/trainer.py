@@ -21,6 +21,7 @@ import torch
 from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
 from alfish.config.trainer_config import TrainerConfig
+from alfish.console.hard_exit import critical_section, set_exit_note
 from alfish.console.progress import Progress
 from alfish.console.signals import SignalRequests, confirm_checkpoint_on_crash
 from alfish.errors import NonFiniteLossError
@@ -83,9 +84,15 @@ class Trainer:
         """Train to the end (or until a stop signal); returns the process exit code."""
         counters = self.counters
         progress: Optional[Progress] = None
-        with SignalRequests() as signals:
+        with SignalRequests(self.options.stop_grace_s) as signals:
             try:
                 self._restore_or_start()
+                if signals.stop_requested and self.dist.world_size == 1:
+                    # during the restore (e.g. a long action-log replay): nothing new to save (ranks of a DDP job
+                    # agree on stopping at an iteration's end instead)
+                    logging.warning("stopped by signal %s before the first iteration; no checkpoint written (the "
+                                    "previous one, if any, is where a rerun resumes)", signals.stop_signal)
+                    return signals.exit_code()
                 progress = Progress(self.plan.expected_iterations, counters.iteration,
                                     self.options.progress_log_interval_s if self.dist.is_main else math.inf)
                 self._warm_up()
@@ -130,6 +137,7 @@ class Trainer:
                                    if int(p["iteration"]) not in recorded]
             collector_state = restore(self.resume_from, self.checkpointed_parts(), rank=self.dist.rank,
                                       rank_seed=self.rank_seed)
+            set_exit_note(f"the checkpoint resumed from, {self.resume_from.path}, is intact")
             self.resume_from = None
             self.resumed = True
         # continue the sequence of evaluation seeds
@@ -217,6 +225,7 @@ class Trainer:
                 logging.info("stopping at iteration %d: a callback asked to (e.g. Trainer.stop_value reached)",
                              self.counters.iteration)
             return None, finish_now
+        signals.extend_grace("writing the stop's checkpoint and closing")
         self.evaluator.stop_recording()  # what is still being evaluated goes into the checkpoint, re-run on resume
         self.save_checkpoint()
         logging.warning("stopped by signal %s at iteration %d; checkpoint written, rerun the same command to resume",
@@ -271,7 +280,9 @@ class Trainer:
             world_size=self.dist.world_size,
             collector_state=self.collector.state_dict() if self.dist.world_size == 1 else None,
             pending_evaluations=self.evaluator.pending())
-        path = self.checkpointer.save(self.counters.iteration, tensors, meta)
+        with critical_section():  # a hard exit (watchdog, second signal) waits for the rename into place
+            path = self.checkpointer.save(self.counters.iteration, tensors, meta)
+        set_exit_note(f"the last checkpoint, {path}, is intact")
         logging.info("checkpoint written: %s", path)
         self.callbacks.after_checkpoint(self, path)
         return path

@@ -59,6 +59,7 @@ BAD_VALUES = [
     ("HindsightExperienceTransformer.her_proportion = 1.2", "a number in [0, 1]"),
     ("OptimizerConfig.betas = (0.9, 1.0)", "a list or tuple of numbers in [0, 1) or None"),
     ("Trainer.num_threads = 0", "an int >= 1, 'auto' or None"),
+    ("Trainer.stop_grace_s = 0", "a number > 0 (seconds after SIGTERM before the process ends anyway)"),
     # Misspelled strings from a fixed set: the closest valid one is suggested.
     ("create_environment.vectorization = 'asyn'", "one of 'sync', 'async', 'envpool'; did you mean 'async'?"),
     ("PpoAlgorithm.activation = 'Tanh'", "one of 'relu', 'tanh', 'elu', 'gelu', 'silu'; did you mean 'tanh'?"),

@@ -4,6 +4,7 @@ float width, a numpy scalar reward, a 0-d reward array, a list observation) pass
 (``sync``); the last tests show the same one line under ``vectorization='async'``, where the check runs in the worker
 before gymnasium's shared-memory batching would silently cast the observation.
 """
+import logging
 import re
 
 import gymnasium as gym
@@ -235,3 +236,41 @@ def test_async_workers_give_the_same_one_line_errors(make_env):
     with pytest.raises(EnvContractError) as info:
         run(make_env("async", env_name=env_name, reward=float("nan"), bad_from_step=2))
     assert str(info.value).startswith(f"env '{env_name}' returned reward nan from step(), expected a finite number")
+
+
+# ------------------------------------------------------------------------------------------- dtype casts ---
+
+@pytest.fixture
+def fresh_warnings(monkeypatch):
+    from alfish.envs import contract
+
+    monkeypatch.setattr(contract, "_warned", set())  # (an earlier test may have given the same warning)
+
+
+def test_a_cast_observation_warns_once_for_the_whole_batch(make_env, fresh_warnings, caplog):
+    with caplog.at_level(logging.WARNING):
+        ts = run(make_env(num_envs=3, reset_obs=np.full(3, 0.5), step_obs=np.full(3, 0.25)), steps=5)
+    assert ts.observation.dtype == torch.float32
+    messages = [r.getMessage() for r in caplog.records]
+    assert messages == [f"env '{SCRIPTED}' returns observation of dtype float64 from reset() but its observation_space "
+                        f"is {BOX3}: alfish casts it to float32 (warned once for all its envs); return float32 arrays, "
+                        "or declare the space's dtype as float64"]
+
+
+def test_a_narrowing_integer_cast_is_checked_on_every_observation(make_env, fresh_warnings, caplog):
+    int8 = gym.spaces.Box(-100, 100, shape=(2,), dtype=np.int8)
+    with caplog.at_level(logging.WARNING):
+        ts = run(make_env(observation_space=int8, step_obs=np.array([5, -7], np.int16)))
+    assert ts.observation.tolist() == [[5, -7]] * 2 and len(caplog.records) == 1
+    # a value that int8 cannot hold, after int16 values that fit (from reset): refused (a cast would wrap 300 to 44)
+    message = contract_error(make_env, steps=4, observation_space=int8, reset_obs=np.array([1, 2], np.int16),
+                             step_obs=np.array([5, 300], np.int16), bad_from_step=3)
+    assert message == (f"env '{SCRIPTED}' returned observation of dtype int16 with values in [5, 300] from step(), "
+                       f"expected values that fit int8 ([-128, 127]: a cast would wrap them) (its observation_space "
+                       f"is {int8}); {FIX_STEP}")
+
+
+def test_non_integral_floats_into_an_integer_space_are_refused(make_env):
+    int8 = gym.spaces.Box(-100, 100, shape=(2,), dtype=np.int8)
+    assert "returned observation of dtype float64 from step(), expected int8 (or another integer dtype)" in \
+        contract_error(make_env, observation_space=int8, step_obs=np.array([0.5, 1.0]))
