@@ -18,9 +18,9 @@ from alfish.rundir.checkpoint import Checkpointer
 
 from .inprocess import REPO
 
-# slow: three trainer processes of 10-15 s each on a loaded 2-core machine (start-up dominates); the same mechanisms
-# run in the default tier in tests/envs/test_step_watch.py and tests/console/test_signals.py.
-pytestmark = [pytest.mark.cli, pytest.mark.slow]
+# Three trainer processes of 5-15 s each (start-up dominates), in the default tier: the issue asks CI to prove the
+# time bounds on real processes (the mechanisms alone: tests/envs/test_step_watch.py, tests/console/test_signals.py).
+pytestmark = [pytest.mark.cli]
 
 CONF = """
 create_environment.env_name = 'alfish/Latency-v0'
