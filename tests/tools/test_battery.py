@@ -91,5 +91,5 @@ def test_a_hang_and_a_memory_blow_up_are_failures(planted, monkeypatch):
     hang = measured(planted, "import time; time.sleep(30)", timeout_s=1.0)
     assert hang.rc is None and hang.why == "hang: killed after 1 s" and hang.wall_s < 5
     monkeypatch.setattr(malicious, "MAX_RSS_MB", 150)
-    big = measured(planted, "x = b'1' * (300 << 20)")
+    big = measured(planted, "import time; x = b'1' * (300 << 20); time.sleep(0.5)")
     assert big.rc == 0 and big.max_rss_mb > 300 and big.why == f"peak RSS {big.max_rss_mb:.0f} MB > 150 MB"

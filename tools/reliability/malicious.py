@@ -6,8 +6,8 @@ imports a planted module) are played: a marker file must never be written. Then 
 ``train`` (resume), ``play``, ``evaluate``, ``export``, ``collect``, ``tools.compare`` and ``tools.verify_checkpoint``.
 
 Each (case, command) records its exit status, whether stderr is one error line without a traceback, its wall time, its
-peak RSS (``wait4``), and whether a directory outside the results directory (where planted links point) changed or was
-opened. Pass rule, all of:
+peak RSS (each of its processes' high-water mark, polled), and whether a directory outside the results directory
+(where planted links point) changed or was opened. Pass rule, all of:
   - it ends within the case timeout (a hang is a failure);
   - it exits 0 (the planted content was skipped, or an older checkpoint used), or 1 or 2 (a refusal) with exactly one
     stderr line that is not an INFO/WARNING log line; no ``Traceback`` anywhere in stderr;
@@ -354,8 +354,8 @@ def planted_content(work: pathlib.Path, quick: bool) -> list[Outcome]:
               f"{outcome.why}", file=sys.stderr, flush=True)
         return outcome
 
-    # (each run has its own folders, inotify watch and wait4; the full battery runs one at a time, so that its wall
-    # times are not shared with another command)
+    # (each run has its own folders, inotify watch and child to wait for; the full battery runs one at a time, so
+    # that its wall times are not shared with another command)
     with concurrent.futures.ThreadPoolExecutor(QUICK_JOBS if quick else 1) as pool:
         return list(pool.map(one, pairs))
 

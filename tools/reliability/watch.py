@@ -1,5 +1,5 @@
 """Measuring one command against a planted results directory: its exit status, stderr, wall time and peak RSS
-(``wait4``'s ``ru_maxrss`` of that child alone, so runs never mix), and whether a directory outside the results
+(the high-water mark of each of its processes, polled), and whether a directory outside the results
 directory changed (a hash of its tree, links not followed) or was opened at all (inotify on each of its folders: a read
 through a planted symlink leaves no trace in the hash).
 """
@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import Optional
 
-from harness import tree_rss_fds
+import psutil
 
 # inotify(7): the events that mean the tree was touched (opened, read, written, created, deleted, renamed)
 _IN_ACCESS, _IN_MODIFY, _IN_ATTRIB, _IN_OPEN = 0x1, 0x2, 0x4, 0x20
@@ -117,7 +117,7 @@ class Finished:
     stdout: str
     stderr: str
     wall_s: float
-    max_rss_mb: float  # the child's peak resident set (its waited-for descendants included)
+    max_rss_mb: float  # the peak resident set of its largest process (VmHWM; see run_measured)
 
 
 def run_measured(argv: list[str], cwd: pathlib.Path, env: dict, timeout_s: float, logs: pathlib.Path,
@@ -125,25 +125,32 @@ def run_measured(argv: list[str], cwd: pathlib.Path, env: dict, timeout_s: float
     """``argv`` in its own session, stdout and stderr to files under ``logs`` (a command that writes gigabytes cannot
     fill a pipe or this process's memory); its group is SIGKILLed at ``timeout_s``, or as soon as its process tree
     holds more than ``kill_rss_mb`` (a memory bomb must not take the machine down with it: the bound is then
-    exceeded, which is what is measured)."""
+    exceeded, which is what is measured).
+
+    Peak RSS: every 50 ms, each process of the tree's high-water mark (``VmHWM``: its own, from its exec on); the
+    largest seen. Not ``wait4``'s ``ru_maxrss``: Linux carries the parent's high-water mark into a child across
+    fork and exec, so that figure would be at least this battery's own RSS (hundreds of MB once it built the bombs).
+    """
     logs.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     with open(logs / "stdout", "wb") as out, open(logs / "stderr", "wb") as err:
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
                                 start_new_session=True)
-    status = usage = None
+    status, peak = None, 0
     while status is None:
-        pid, wait_status, rusage = os.wait4(proc.pid, os.WNOHANG)
+        pid, wait_status, _ = os.wait4(proc.pid, os.WNOHANG)
         if pid:
-            status, usage = wait_status, rusage
-        elif time.monotonic() - start > timeout_s or tree_rss_fds(proc.pid)[0] > kill_rss_mb * 2**20:
+            status = wait_status
+            break
+        rss, high_water = _tree_memory(proc.pid)
+        peak = max(peak, high_water)
+        if time.monotonic() - start > timeout_s or rss > kill_rss_mb * 2**20:
             os.killpg(proc.pid, signal.SIGKILL)
-            _, wait_status, usage = os.wait4(proc.pid, 0)
+            _, wait_status, _ = os.wait4(proc.pid, 0)
             if time.monotonic() - start <= timeout_s:  # killed for its memory: an exit status, not a hang
                 status = wait_status
             break
-        else:
-            time.sleep(0.05)
+        time.sleep(0.05)
     proc.returncode = os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL  # (reaped here)
     wall = time.monotonic() - start
     try:  # children left in the session (a worker that outlived its parent) go too
@@ -151,7 +158,25 @@ def run_measured(argv: list[str], cwd: pathlib.Path, env: dict, timeout_s: float
     except (ProcessLookupError, PermissionError):
         pass
     return Finished(None if status is None else proc.returncode, _tail(logs / "stdout"), _tail(logs / "stderr"),
-                    wall, usage.ru_maxrss / 1024)
+                    wall, peak / 2**20)
+
+
+def _tree_memory(pid: int) -> tuple[int, int]:
+    """(summed RSS, largest VmHWM) in bytes over ``pid`` and its descendants (0 for those that already exited)."""
+    try:
+        pids = [pid] + [p.pid for p in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return 0, 0
+    total = high = 0
+    for each in pids:
+        try:
+            with open(f"/proc/{each}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if line.startswith(("VmRSS", "VmHWM")))
+        except OSError:
+            continue
+        total += int(fields.get("VmRSS", "0 kB").split()[0]) << 10
+        high = max(high, int(fields.get("VmHWM", "0 kB").split()[0]) << 10)
+    return total, high
 
 
 def _tail(path: pathlib.Path, limit: int = 1 << 20) -> str:
