@@ -93,3 +93,16 @@ def test_a_hang_and_a_memory_blow_up_are_failures(planted, monkeypatch):
     monkeypatch.setattr(malicious, "MAX_RSS_MB", 150)
     big = measured(planted, "import time; x = b'1' * (300 << 20); time.sleep(0.5)")
     assert big.rc == 0 and big.max_rss_mb > 300 and big.why == f"peak RSS {big.max_rss_mb:.0f} MB > 150 MB"
+
+
+def test_a_command_that_used_the_damaged_newest_checkpoint_fails_and_a_fall_back_passes():
+    unusable = malicious.Case("compressed", lambda root, outside: None, "play", unusable=True)
+    played = watch.Finished(0, "average return over 1 episodes: -1.00 (checkpoint /r/checkpoints/ckpt-3)\n", "", 5.0,
+                            250.0)
+    assert malicious.judge(unusable, "play", played, 30, []).why == ("used the damaged newest checkpoint (ckpt-3) "
+                                                                     "instead of refusing it")
+    fell_back = watch.Finished(0, "average return over 1 episodes: -1.00 (checkpoint /r/checkpoints/ckpt-2)\n",
+                               "WARNING /r/checkpoints/ckpt-3 does not verify; playing ckpt-2\n", 5.0, 250.0)
+    assert malicious.judge(unusable, "play", fell_back, 30, []).ok
+    assert all(case.quick in malicious.COMMANDS and set(case.flags) <= set(malicious.COMMANDS)
+               for case in malicious.CASES)
