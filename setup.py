@@ -16,6 +16,10 @@ setup(
         "psutil>=5.9",
         "tqdm>=4.60",
     ],
+    # `alfish-play ...` is `python -m alfish.bin.play ...` without the working directory on sys.path (README: What is
+    # trusted): a json.py or torch.py planted where you run it is not imported.
+    entry_points={"console_scripts": [f"alfish-{name} = alfish.bin.{name}:main"
+                                      for name in ("train", "play", "evaluate", "export", "collect")]},
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2.1", "ruff>=0.6", "imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame-ce>=2.1.3",
                  "minari[hdf5]>=0.5.4,<0.6", "h5py>=3.8", "pillow>=9",  # (the offline tests: Minari and HDF5)

@@ -35,7 +35,9 @@ env clips them); a LAST step's action, which the env ignores (autoreset), is sto
 A results directory is untrusted input (DESIGN.md 3.13): its config is parsed as play parses it (registered
 configurables only; imports and 'module:EnvId' env names only with --allow_import PREFIX), and checkpoints are
 verified tensors and JSON. --format alfish (default) writes alfish's ``.npy`` dataset; --format minari a Minari dataset
-(``pip install 'alfish[offline]'``). Either loads with ``load_offline_data(DIR)``.
+(``pip install 'alfish[offline]'``). Either loads with ``load_offline_data(DIR)``. A Minari dataset rolled out in a
+registered gymnasium env records its env spec, so ``minari.MinariDataset(DIR/data).recover_environment()`` (d3rlpy's
+Minari loader) rebuilds the env; otherwise its metadata says why it cannot (``alfish_no_env_spec``).
 
 Exit status: 0 when the dataset was written; 2 for bad input (flags, a missing checkpoint, an existing --out, an
 untrusted import, data that breaks the step convention), reported in one line; 1 when writing the dataset fails.
@@ -281,8 +283,13 @@ def episode_returns(steps: Steps) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------------------- main ----
-def collect(args: argparse.Namespace) -> tuple[Steps, str]:
-    """The steps ``args`` ask for and a few words on where they came from (for the summary line)."""
+# The env data was rolled out in: its name and kwargs, as the stored config named them (None: a replay buffer export).
+EnvOrigin = Optional[tuple[str, dict]]
+
+
+def collect(args: argparse.Namespace) -> tuple[Steps, str, EnvOrigin]:
+    """The steps ``args`` ask for, a few words on where they came from (for the summary line), and the env they were
+    rolled out in (for the Minari env spec)."""
     if args.from_replay:
         from alfish.replay.offline.from_run import read_run
 
@@ -305,10 +312,11 @@ def collect(args: argparse.Namespace) -> tuple[Steps, str]:
         returns = episode_returns(steps)
         about = (f"mean return {returns.mean():.2f} over {_count(len(returns), 'episode')}; exported from the replay "
                  f"buffer of {path}")
-        return dataclasses.replace(steps, source=f"alfish.bin.collect --from_replay {args.root_dir}"), about
+        return dataclasses.replace(steps, source=f"alfish.bin.collect --from_replay {args.root_dir}"), about, None
     trusted = trusted_prefixes(args.allow_import)
     ckpt = load_env_config(args, trusted)
     env = create_env(args, trusted)
+    origin = (env.env_name, dict(environment_settings().env_kwargs or {}))  # (the bindings create_env made it from)
     try:
         if args.random:
             policy, what = (lambda time_step: env.random_action()), "a uniformly random policy"
@@ -323,7 +331,21 @@ def collect(args: argparse.Namespace) -> tuple[Steps, str]:
     mean = (f"mean return {whole.mean():.2f} over {_count(len(whole), 'complete episode')}" if len(whole) else
             f"no complete episode (mean return {returns.mean():.2f} over the cut one{'s' * (len(returns) > 1)})")
     about = f"{mean}, {int(cut.sum())} cut at the step budget; {what} in {env.env_name} x {args.num_envs}"
-    return dataclasses.replace(steps, source=f"alfish.bin.collect {args.root_dir}"), about
+    return dataclasses.replace(steps, source=f"alfish.bin.collect {args.root_dir}"), about, origin
+
+
+def write_minari_dataset(steps: Steps, args: argparse.Namespace, origin: EnvOrigin) -> None:
+    """``steps`` as the Minari dataset ``--out``, recording the env spec of ``origin`` when it is a registered env (so
+    ``MinariDataset.recover_environment()`` works), else why there is none."""
+    from alfish.replay.offline.minari_format import registered_env_spec, write_minari
+
+    if origin is None:
+        spec, why_none = None, (f"exported from the replay buffer of {args.root_dir} (--from_replay), whose env is "
+                                "not read")
+    else:
+        spec, why_none = registered_env_spec(*origin)
+    # (an absolute path: write_minari fails on a relative one, as minari joins its data path twice)
+    write_minari(steps, os.path.abspath(args.out), args.dataset_id or "alfish/dataset-v0", spec, why_none)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -331,7 +353,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
         check_args(args)
-        steps, about = collect(args)
+        steps, about, origin = collect(args)
         check_steps(steps)
     except (CollectError, CheckpointError, ConfError, ValueError, TypeError, KeyError, ImportError,
             gym.error.Error) as err:
@@ -341,10 +363,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         if args.format == "minari":
-            from alfish.replay.offline.minari_format import write_minari
-
-            # (an absolute path: write_minari fails on a relative one, as minari joins its data path twice)
-            write_minari(steps, os.path.abspath(args.out), args.dataset_id or "alfish/dataset-v0")
+            write_minari_dataset(steps, args, origin)
         else:
             from alfish.replay.offline.alfish_format import write_dataset
 

@@ -317,7 +317,46 @@ def test_minari_format_reads_back_equal_to_the_alfish_format(sac_run, tmp_path, 
     assert from_minari.num_episodes == from_alfish.num_episodes == 4
     metadata = json.loads((tmp_path / "as_minari" / "data" / "metadata.json").read_text())
     assert metadata["dataset_id"] == "alfish/test-v0"
+    assert "alfish.envs.toy:PointGoal" in metadata["env_spec"]  # a registered class, stored by its import name
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
+
+
+@pytest.mark.parametrize("env_name, entry_point", [
+    ("CartPole-v1", "gymnasium.envs.classic_control.cartpole:CartPoleEnv"),
+    ("alfish/PointGoal-v0", "alfish.envs.toy:PointGoal")])
+def test_a_minari_dataset_from_a_registered_env_recovers_it_through_minari(tmp_path, capsys, env_name, entry_point):
+    """What d3rlpy's Minari loader does: ``MinariDataset(path).recover_environment()`` needs the stored env spec."""
+    minari = pytest.importorskip("minari")
+    run = tmp_path / "run"
+    (run / "config").mkdir(parents=True)
+    (run / "config" / "operative.gin").write_text(f"create_environment.env_name = '{env_name}'\n")
+    run_collect(capsys, "--root_dir", run, "--random", "--num_steps", 12, "--out", tmp_path / "ds", "--format",
+                "minari")
+    dataset = minari.MinariDataset(tmp_path / "ds" / "data")
+    assert dataset.env_spec.id == env_name and dataset.env_spec.entry_point == entry_point
+    env = dataset.recover_environment()
+    try:
+        assert env.spec.id == env_name
+        assert env.observation_space == dataset.observation_space and env.action_space == dataset.action_space
+    finally:
+        env.close()
+    metadata = json.loads((tmp_path / "ds" / "data" / "metadata.json").read_text())
+    assert "alfish_no_env_spec" not in metadata
+
+
+def test_a_minari_dataset_without_an_env_spec_says_why_and_still_reads(sac_run, tmp_path, capsys):
+    minari = pytest.importorskip("minari")
+    out = tmp_path / "replay"
+    run_collect(capsys, "--root_dir", sac_run, "--from_replay", "--out", out, "--format", "minari")
+    metadata = json.loads((out / "data" / "metadata.json").read_text())
+    assert "env_spec" not in metadata
+    assert metadata["alfish_no_env_spec"] == (f"exported from the replay buffer of {sac_run} (--from_replay), whose "
+                                              "env is not read; recover_environment() cannot rebuild the env")
+    with pytest.raises(ValueError, match="env_spec is None"):
+        minari.MinariDataset(out / "data").recover_environment()
+    steps, expected = load_offline_data(str(out)), read_run(sac_run)  # alfish's reader needs only the spaces
+    assert len(steps) == len(expected) and steps.num_episodes == expected.num_episodes
+    np.testing.assert_array_equal(steps.observation, expected.observation)
 
 
 @pytest.mark.timeout(90)

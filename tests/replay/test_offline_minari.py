@@ -15,7 +15,7 @@ from minari.data_collector import EpisodeBuffer  # noqa: E402
 from minari.dataset.minari_storage import MinariStorage  # noqa: E402
 
 from alfish.data.types import StepType  # noqa: E402
-from alfish.replay.offline.minari_format import read_minari, write_minari  # noqa: E402
+from alfish.replay.offline.minari_format import read_minari, registered_env_spec, write_minari  # noqa: E402
 from alfish.replay.offline.sources import load_offline_data  # noqa: E402
 from alfish.replay.offline.steps import Steps  # noqa: E402
 
@@ -179,3 +179,30 @@ def test_missing_minari_package_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "minari", None)  # `import minari` now raises ImportError
     with pytest.raises(ImportError, match=r"pip install 'alfish\[offline\]'"):
         read_minari(tmp_path)
+
+
+def test_the_env_spec_of_a_registered_env_merges_its_kwargs_and_names_a_class_entry_point_by_import_name():
+    import alfish.envs.toy  # noqa: F401  (registers alfish/MemoryCueContinuous-v0 with a class entry point)
+
+    spec, why_none = registered_env_spec("Pendulum-v1", {"g": 9.0})
+    assert why_none == "" and spec.id == "Pendulum-v1" and spec.kwargs == {"g": 9.0}
+    spec, _ = registered_env_spec("alfish/MemoryCueContinuous-v0", {"delay": 2})
+    assert spec.entry_point == "alfish.envs.toy:MemoryCue" and spec.kwargs == {"continuous": True, "delay": 2}
+    assert gym.envs.registration.EnvSpec.from_json(spec.to_json()).kwargs == spec.kwargs
+
+
+def test_an_env_without_a_storable_spec_says_why(tmp_path):
+    gym.register(id="alfish_test/Lambda-v0", entry_point=lambda: gym.make("CartPole-v1"))
+    try:
+        for name, why in (("ALE/Pong-v5", "Atari preprocessing"), ("NoSuchEnv-v3", "not a registered gymnasium id"),
+                          ("alfish_test/Lambda-v0", "cannot be stored as JSON"),
+                          ("CartPole-v1", "cannot be stored as JSON")):
+            spec, why_none = registered_env_spec(name, {"f": print} if name == "CartPole-v1" else None)
+            assert spec is None and why in why_none and "\n" not in why_none, (name, why_none)
+    finally:
+        del gym.registry["alfish_test/Lambda-v0"]
+    write_minari(hand_steps(), tmp_path / "ds", no_env_spec="made by hand")
+    metadata = json.loads((tmp_path / "ds" / "data" / "metadata.json").read_text())
+    assert "env_spec" not in metadata
+    assert metadata["alfish_no_env_spec"] == "made by hand; recover_environment() cannot rebuild the env"
+    assert read_minari(tmp_path / "ds").num_episodes == 2

@@ -69,6 +69,7 @@ class Row:
     trials: int
     ok: Optional[bool]  # None: skipped
     figure: str
+    details: str = ""  # a scenario's own table (one line per case), printed after the battery's table
 
     @property
     def result(self) -> str:

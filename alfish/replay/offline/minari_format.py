@@ -14,20 +14,30 @@ read the way minari would (by building its environment with ``gym.make``, which 
 Writing needs neither ``minari[create]`` nor jax: episodes go straight into a ``MinariStorage``, written in a
 temporary sibling directory renamed into place, and never through ``MINARI_DATASETS_PATH``. Images are stored raw
 (``jpeg_encoding=False``): Minari's default JPEG encoding is lossy.
+
+The env: data rolled out in a registered gymnasium env records that env's spec (``EnvSpec.to_json()`` under the
+metadata key ``env_spec``, as Minari's own ``DataCollector`` writes it), so ``MinariDataset.recover_environment()``
+(which d3rlpy's Minari loader calls) rebuilds it. Data whose env has no such spec (alfish's Atari preprocessing, an
+unregistered env, a replay buffer exported without its config) records why under ``alfish_no_env_spec`` instead;
+alfish reads both alike (it needs only the stored spaces).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.registration import EnvSpec as GymEnvSpec
 
 from alfish.data.types import StepType
+from alfish.envs.atari import is_atari
 from alfish.replay.offline.steps import Steps, check_spaces, check_steps
 
 MISSING_MINARI = "reading Minari datasets needs the minari package: pip install 'alfish[offline]'"
@@ -35,6 +45,7 @@ SUPPORTED = "alfish reads Minari datasets with Box or Dict-of-Box observations a
 DATA_DIR = "data"
 METADATA = "metadata.json"
 MAIN_FILE = "main_data.hdf5"
+NO_ENV_SPEC = "alfish_no_env_spec"  # the metadata key saying why a dataset records no env_spec
 # What minari and h5py raise for a file that is not what it should be (OSError: h5py's unreadable or truncated file;
 # KeyError: a missing group; AssertionError: minari's own checks; PIL's image errors are OSErrors).
 _READ_ERRORS = (OSError, ValueError, KeyError, TypeError, IndexError, AssertionError, NotImplementedError,
@@ -211,12 +222,49 @@ def _stored_dtype(dtype: Any, is_action: bool) -> np.dtype:
 
 
 # ---------------------------------------------------------------------------------------------------- writing ----
-def write_minari(steps: Steps, out_dir: str | os.PathLike, dataset_id: str = "alfish/dataset-v0") -> Path:
+def registered_env_spec(env_name: str, env_kwargs: Optional[dict] = None) -> tuple[Optional[GymEnvSpec], str]:
+    """The gymnasium spec that ``gym.make(env_name, **env_kwargs)`` makes the env from (as alfish's ``EnvFactory``
+    makes it), and ``""``; or None and why there is none (a phrase, for the ``alfish_no_env_spec`` metadata).
+
+    ``env_name`` may be ``module:EnvId`` (its module already imported by whoever made the env). The spec is checked to
+    serialize as JSON, as ``MinariDataset.recover_environment`` needs it.
+    """
+    if is_atari(env_name):
+        return None, (f"{env_name} was made with alfish's Atari preprocessing (alfish.envs.atari.make_atari), which no "
+                      "registered gymnasium spec reproduces")
+    spec = gym.registry.get(env_name.rpartition(":")[2])
+    if spec is None:
+        return None, f"env {env_name!r} is not a registered gymnasium id"
+    entry_point = spec.entry_point if isinstance(spec.entry_point, str) else _import_name(spec.entry_point)
+    spec = dataclasses.replace(spec, entry_point=entry_point or spec.entry_point,
+                               kwargs={**spec.kwargs, **(env_kwargs or {})})
+    try:
+        spec.to_json()
+    except (TypeError, ValueError) as err:  # (a callable entry point; kwargs JSON cannot hold)
+        return None, f"the gymnasium spec of {env_name!r} cannot be stored as JSON ({_first_line(err)})"
+    return spec, ""
+
+
+def _import_name(entry_point: Any) -> Optional[str]:
+    """``module:name`` for a class or function registered as an entry point (alfish's toys register classes), when
+    importing that module and taking that name gives it back (gymnasium's ``load_env_creator`` does exactly that);
+    else None (a lambda, a nested class, ``__main__``)."""
+    module, name = getattr(entry_point, "__module__", None), getattr(entry_point, "__qualname__", "")
+    if not module or module == "__main__" or not name.isidentifier():
+        return None
+    return f"{module}:{name}" if getattr(sys.modules.get(module), name, None) is entry_point else None
+
+
+def write_minari(steps: Steps, out_dir: str | os.PathLike, dataset_id: str = "alfish/dataset-v0",
+                 env_spec: Optional[GymEnvSpec] = None, no_env_spec: str = "the env it came from was not given",
+                 ) -> Path:
     """Write ``steps`` (checked first) as a Minari dataset directory ``out_dir`` (``out_dir/data/main_data.hdf5`` and
     ``out_dir/data/metadata.json``, readable by ``minari.MinariDataset(out_dir / 'data')``); returns ``out_dir``.
 
     Needs ``steps.observation_space`` and ``steps.action_space``. ``dataset_id`` is Minari's
-    ``(namespace/)name-v(version)``. The dataset is written in a temporary sibling directory renamed into place.
+    ``(namespace/)name-v(version)``. ``env_spec`` (``registered_env_spec``), when given, is stored as Minari stores it,
+    so ``recover_environment()`` works; else ``no_env_spec`` (why there is none) is stored under
+    ``alfish_no_env_spec``. The dataset is written in a temporary sibling directory renamed into place.
     """
     _, MinariStorage = _import_minari()
     import minari
@@ -264,11 +312,15 @@ def write_minari(steps: Steps, out_dir: str | os.PathLike, dataset_id: str = "al
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
+        # (with both spaces given, minari stores env_spec.to_json() without making the env)
         storage = MinariStorage.new(tmp / DATA_DIR, observation_space=steps.observation_space,
-                                    action_space=steps.action_space, data_format="hdf5", jpeg_encoding=False)
+                                    action_space=steps.action_space, env_spec=env_spec, data_format="hdf5",
+                                    jpeg_encoding=False)
+        no_spec = {} if env_spec is not None else {NO_ENV_SPEC: f"{no_env_spec}; recover_environment() cannot "
+                                                                "rebuild the env"}
         storage.update_metadata({"dataset_id": dataset_id, "minari_version": minari.__version__,
                                  "algorithm_name": "alfish",
-                                 "description": f"written by alfish from {src}"})
+                                 "description": f"written by alfish from {src}", **no_spec})
         # A generator: one episode in memory at a time, and minari opens the file once for all of them.
         storage.update_episodes(episode_buffer(s, e) for s, e in zip(firsts.tolist(), lasts.tolist()))
         os.rename(tmp, out_dir)
