@@ -284,6 +284,8 @@ def judge(case: Case, command: str, finished: Finished, timeout_s: float, outsid
     errors = error_lines(finished.stderr)
     traceback = "Traceback" in finished.stderr
     rc = finished.returncode
+    # verify_checkpoint's exit 1 is its report that a checkpoint failed (one stdout line per checkpoint), not a refusal
+    reported = command == "verify_checkpoint" and rc == 1 and " failed" in finished.stdout
     why = []
     if rc is None:
         why.append(f"hang: killed after {timeout_s:.0f} s")
@@ -292,7 +294,7 @@ def judge(case: Case, command: str, finished: Finished, timeout_s: float, outsid
                                    if finished.max_rss_mb > KILL_RSS_MB else ""))
     if traceback:
         why.append("a traceback on stderr: " + (errors[-1][:160] if errors else ""))
-    elif rc in (1, 2) and len(errors) != 1:
+    elif rc in (1, 2) and len(errors) != 1 and not reported:
         why.append(f"{len(errors)} error lines: {' / '.join(e[:80] for e in errors[:3])}")
     if finished.max_rss_mb > MAX_RSS_MB:
         why.append(f"peak RSS {finished.max_rss_mb:.0f} MB > {MAX_RSS_MB} MB")
@@ -301,7 +303,8 @@ def judge(case: Case, command: str, finished: Finished, timeout_s: float, outsid
     if case.unusable and rc == 0 and _used_newest(command, finished):
         why.append("used the damaged newest checkpoint (ckpt-3) instead of refusing it")
     text = finished.stderr.strip() or finished.stdout.strip()
-    return Outcome(case.name, command, rc, not traceback and (rc == 0 or len(errors) == 1), finished.wall_s,
+    return Outcome(case.name, command, rc, not traceback and (rc == 0 or reported or len(errors) == 1),
+                   finished.wall_s,
                    finished.max_rss_mb, outside, text.splitlines()[-1] if text else "", "; ".join(why))
 
 
