@@ -274,7 +274,8 @@ def test_operative_config_of_every_shipped_conf_round_trips(tmp_path, conf):
     skip_unless_installed(conf)
     # Async unroll and async evaluation would each start a child process (seconds of imports) at every build; the
     # operative config is the same but for those flags, which round-trip like any other binding.
-    params = ['TrainerConfig.async_eval = False'] + (['TrainerConfig.async_unroll = False'] if 'realtime' in conf else [])
+    params = ['TrainerConfig.async_eval = False']
+    params += ['TrainerConfig.async_unroll = False'] if 'realtime' in conf else []
     params += data_params(conf, tmp_path / 'data')
     text = operative_config_of(CONFS / conf, params, tmp_path / 'a')
     load_config_text(text, STORED)
@@ -286,7 +287,8 @@ def test_operative_config_of_every_shipped_conf_round_trips(tmp_path, conf):
 
 
 def test_macros_constants_singletons_and_scoped_references_round_trip(tmp_path):
-    params = ['TrainerConfig.async_eval = False', 'GAMMA = 0.98', 'A2cAlgorithm.gamma = %GAMMA', 'A2cAlgorithm.entropy_coef = %untrusted_test.ENTROPY',
+    params = ['TrainerConfig.async_eval = False',
+              'GAMMA = 0.98', 'A2cAlgorithm.gamma = %GAMMA', 'A2cAlgorithm.entropy_coef = %untrusted_test.ENTROPY',
               'A2cAlgorithm.lr = @lr/gin.singleton()', 'lr/gin.singleton.constructor = @lr_value/gin.macro',
               'lr_value = 0.002', 'TrainerConfig.priority_replay_beta = @beta/LinearScheduler()',
               "beta/LinearScheduler.progress_type = 'percent'", 'beta/LinearScheduler.schedule = [(0, 0.4), (1, 1.0)]']

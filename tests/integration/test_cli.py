@@ -85,6 +85,18 @@ EPISODE_LIMIT = {"sac_pendulum.gin": 200, "sac_pendulum_hybrid.gin": 200, "ppo_c
                  "ppo_breakout.gin": 50}
 
 
+# The default run trains, resumes and plays one conf of each kind (off-policy SAC, on-policy PPO, DQN with HER and a
+# dict observation, offline BC); the other confs run the same test in the slow tier (`python -m pytest -m slow
+# tests`), about 20 s each. Their features are tested in the default run elsewhere: TD3/DDPG learning, the hybrid
+# mixture, async unroll, the normalizer and recurrent resume (tests/integration, tests/offline).
+DEFAULT_TIER = {"sac_pendulum.gin", "ppo_cartpole.gin", "dqn_her_bitflip.gin", "bc_pendulum.gin"}
+
+
+def tiered(confs):
+    """``confs`` as parameters, those outside DEFAULT_TIER marked slow."""
+    return [pytest.param(c, marks=() if c in DEFAULT_TIER else pytest.mark.slow) for c in sorted(confs)]
+
+
 def test_every_shipped_conf_is_exercised_here():
     assert set(SHRINK) | set(OFFLINE_SHRINK) | {"sl_sine.gin"} == {p.name for p in CONFS.glob("*.gin")}
 
@@ -120,7 +132,7 @@ def check_ok(proc):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("conf", sorted(SHRINK))
+@pytest.mark.parametrize("conf", tiered(SHRINK))
 def test_conf_trains_checkpoints_resumes_and_plays(tmp_path, conf):
     skip_unless_installed(conf)
     first_params, second_budget = SHRINK[conf]
@@ -178,7 +190,7 @@ def test_conf_trains_checkpoints_resumes_and_plays(tmp_path, conf):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("conf", sorted(OFFLINE_SHRINK))
+@pytest.mark.parametrize("conf", tiered(OFFLINE_SHRINK))
 def test_offline_conf_trains_without_env_steps_resumes_and_plays(tmp_path, conf):
     first_params, second_iterations = OFFLINE_SHRINK[conf]
     data = data_params(conf, tmp_path / "data")

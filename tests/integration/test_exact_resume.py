@@ -110,6 +110,7 @@ def test_sac_resumes_exactly_mid_episode(tmp_path, capsys):
     assert [r["iteration"] for r in log] == [40, 80, 120]  # evaluated before and after the stop
 
 
+@pytest.mark.slow  # 26 s; SAC and DQN+PER exact resumes stay in the default run
 def test_ppo_resumes_exactly_with_an_interrupted_asynchronous_evaluation(tmp_path, capsys):
     assert check(tmp_path, PPO, 5) == 0, capsys.readouterr().out
     resumed = tmp_path / "runs" / "resumed"
@@ -125,12 +126,14 @@ def test_dqn_with_prioritized_replay_resumes_exactly(tmp_path, capsys):
     assert check(tmp_path, DQN_PER, 30) == 0, capsys.readouterr().out
 
 
+@pytest.mark.slow  # 17 s; the transformers' state round trips are unit-tested in the default run
 def test_a_frame_stacker_and_an_observation_normalizer_resume_exactly(tmp_path, capsys):
     assert check(tmp_path, SAC, 70,
                  "TrainerConfig.data_transformer_ctor = [@FrameStacker, @ObservationNormalizer]",
                  "FrameStacker.stack_size = 3") == 0, capsys.readouterr().out
 
 
+@pytest.mark.slow  # 21 s; check_resume's comparison is unit-tested in the default run
 def test_the_tool_names_the_first_difference_where_a_resume_cannot_be_exact(tmp_path, capsys):
     # async unroll: which parameter version chose each action depends on timing
     assert check(tmp_path, SAC, 70, "TrainerConfig.async_unroll = True") == 1

@@ -171,6 +171,7 @@ def test_shipped_recurrent_conf_reaches_475_without_velocities(tmp_path, seed):
     assert max(returns) >= 475, returns
 
 
+@pytest.mark.slow  # DDP learning (12 s); recurrent PPO learns and two-rank DDP runs each in the default run
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
 def test_recurrent_ppo_learns_the_cue_on_two_ranks_with_identical_parameters(tmp_path):

@@ -96,6 +96,9 @@ def test_user_networks_train_async_resume_and_play(tmp_path):
     assert "episode 1: return" in played.stdout
 
 
+# slow: the user network trains async, resumes and plays in the default run; DDP parity is tested on the shipped
+# networks
+@pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(150)
 def test_user_networks_train_under_ddp_with_identical_parameters_on_both_ranks(tmp_path):

@@ -92,6 +92,9 @@ def env_steps_to(root, threshold: float = -1.0, budget: int = 1000) -> int:
     return next((e["env_steps"] for e in eval_log(root) if e["average_return"] >= threshold), budget + 50)
 
 
+# slow: two learning runs compared (40 s); the hybrid conf trains, resumes and plays in the default run
+# (tests/integration/test_cli.py is slow for it too, tests/offline covers the mixture sampler)
+@pytest.mark.slow
 def test_hybrid_sac_with_a_small_expert_dataset_needs_fewer_env_steps_than_online_sac(tmp_path, datasets):
     conf = SAC_POINT_GOAL.replace("eval_interval = 100", "eval_interval = 50").replace(
         "num_env_steps = 1500", "num_env_steps = 1000")

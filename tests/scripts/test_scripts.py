@@ -301,6 +301,7 @@ def test_preemption_checkpoints_requeues_and_the_requeued_job_resumes(tmp_path):
     preempt_and_check(tmp_path, 1, "requeued", 128 + signal.SIGTERM, after_step=step)
 
 
+@pytest.mark.slow  # 16 s; the single-process pre-emption test keeps the requeue path in the default run
 @pytest.mark.distributed
 @pytest.mark.timeout(300)
 def test_preemption_under_torchrun_requeues_and_resumes(tmp_path):

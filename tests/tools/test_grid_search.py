@@ -28,6 +28,7 @@ TrainerConfig.num_eval_episodes = 2
     return conf
 
 
+@pytest.mark.slow  # four training runs (14 s); the failing-run test keeps the grid tool in the default run
 def test_a_2x2_grid_trains_every_point_and_resumes(tmp_path, capsys):
     conf, root = tiny_conf(tmp_path), tmp_path / "grid"
     assert grid_search.main(["--conf", str(conf), "--root_dir", str(root), *GRID, "--parallel", "2"]) == 0

@@ -83,6 +83,7 @@ def test_best_checkpoint_is_the_best_evaluated_policy_and_play_picks_it(tmp_path
     assert f"checkpoints/best/ckpt-{best_iteration})" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 10 s; the synchronous best-checkpoint tests stay in the default run
 def test_with_async_evaluation_the_best_checkpoint_holds_the_evaluated_snapshot(tmp_path):
     # An evaluation takes up to ~1 s (1 ms a step, 2 episodes of up to 500 steps): its result arrives iterations after
     # its parameters were sent.
@@ -262,6 +263,7 @@ def test_a_users_callback_from_gin_sees_every_hook_in_order(tmp_path):
     assert trainer.counters.iteration == 10
 
 
+@pytest.mark.slow  # a two-rank job (9 s); stop_value on one process stays in the default run
 def test_stop_value_on_two_ranks_stops_both_at_the_same_iteration(tmp_path):
     import subprocess
 

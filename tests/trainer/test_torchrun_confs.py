@@ -41,6 +41,7 @@ def check_trains_on_two_ranks(conf: str, root: pathlib.Path) -> None:
     assert json.loads((newest / "meta.json").read_text())["world_size"] == 2
 
 
+@pytest.mark.slow  # 15 s; the PPO conf on two ranks stays in the default run
 @pytest.mark.distributed
 @pytest.mark.timeout(120)
 def test_sac_conf_runs_unchanged_on_two_ranks_and_its_checkpoint_refuses_one_process(tmp_path):
