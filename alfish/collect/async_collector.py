@@ -29,7 +29,7 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.async_child import UnrollSpec, child_main
-from alfish.collect.child_process import ChildChannels, reap_child, spawn_child, without_rank_variables
+from alfish.collect.child_process import ChildChannels, reap_child, spawn_child, wake_child, without_rank_variables
 from alfish.collect.collector import Collector, ProgressPoint, Sink
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock, SharedParams, rollout_state
@@ -221,6 +221,7 @@ class AsyncCollector(Collector):
             return
         atexit.unregister(self.close)
         self._stop.value = 1
+        wake_child(self.process)  # a stopped child would see the flag only after every timeout
         deadline = time.monotonic() + timeout_s / 2
         while self.process.is_alive() and time.monotonic() < deadline:
             self._drain()  # a child blocked on a full queue sees the stop flag sooner

@@ -181,10 +181,22 @@ def finish_child(resources: Iterable[Any], results: Any, errors: Any, exit_code:
     os._exit(exit_code)
 
 
+def wake_child(process: Any) -> None:
+    """Continue ``process`` if it is stopped (SIGSTOP, a debugger, Ctrl-Z): a stopped process acts on neither a stop
+    flag nor SIGTERM until it runs again, so closing it would wait out every timeout before SIGKILL. SIGCONT does
+    nothing to a running process."""
+    if process.pid is not None and process.is_alive():
+        try:
+            os.kill(process.pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def reap_child(process: Any, queues: Iterable[Any], timeout_s: float) -> None:
     """After the child was asked to stop and given time: terminate it, then kill it (each waited on at most
     ``timeout_s / 2``), close ``queues`` without joining their feeder threads, and release the process object."""
     if process.is_alive():
+        wake_child(process)
         process.terminate()
         process.join(timeout=timeout_s / 2)
     if process.is_alive():

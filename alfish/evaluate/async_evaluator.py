@@ -51,6 +51,7 @@ from alfish.collect.child_process import (
     gin_constants,
     reap_child,
     spawn_child,
+    wake_child,
     without_rank_variables,
 )
 from alfish.collect.shared_params import POLL_S, ParamBlock
@@ -245,6 +246,7 @@ class AsyncEvaluator:
         if self._watcher.is_alive():  # it polls every POLL_S; it must not write once the summaries are closed
             self._watcher.join(timeout=timeout_s / 2)
         self._stop.value = 1
+        wake_child(self.process)  # a stopped child would see the flag only after every timeout
         self.process.join(timeout=timeout_s / 2)
         reap_child(self.process, (self._results, self._errors, self._commands), timeout_s)
         self.process = None
