@@ -45,7 +45,7 @@ def locate(path: str) -> tuple[Checkpointer, list[int]]:
         if os.path.basename(full) in {os.path.basename(parent.path_of(s)) for s in parent.steps()}:
             return parent, [int(os.path.basename(full)[len("ckpt-"):])]
         for folder in (os.path.join(full, "checkpoints"), full):
-            checkpointer = Checkpointer(folder)
+            checkpointer = Checkpointer(folder, root_dir=full)  # PATH as typed; no link followed below it
             if checkpointer.steps():
                 return checkpointer, checkpointer.steps()
     except CheckpointError as err:  # a folder that cannot be listed

@@ -37,6 +37,7 @@ from alfish.console.printable import printable
 from alfish.rundir.checkpoint import Checkpointer, CheckpointError
 from alfish.tools import check_resume
 from alfish.tools import compare as compare_cli
+from alfish.tools import verify_checkpoint as verify_checkpoint_cli
 
 from .test_disk_errors import REPO, TINY, assert_clean
 
@@ -240,6 +241,9 @@ def test_symlinked_checkpoints_folder_is_one_line(run, output):
     output()
     line = one_error_line(command("play", run), output())
     assert f"{run / 'checkpoints'} is a symlink; alfish never follows links inside a results directory" in line
+    before = tree(outside)
+    assert verify_checkpoint_cli.main([str(run)]) == 2  # the results directory typed; its checkpoints/ a link
+    assert f"{run / 'checkpoints'} is a symlink" in output().err and tree(outside) == before
 
 
 # --------------------------------------------------------------------------------------------- bounded JSON ----
