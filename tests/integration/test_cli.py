@@ -242,6 +242,9 @@ def test_misspelled_parameter_fails_fast_naming_file_line_and_suggestion(tmp_pat
     assert not os.path.exists(tmp_path / "root" / "checkpoints")  # failed before anything was built
 
 
+# slow: three subprocesses (15 s in CI); the fallback past damaged checkpoints runs in the default run in-process for
+# play, evaluate and resume (tests/rundir/test_untrusted_reads.py, test_corrupt_runs.py)
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_corrupted_newest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     conf, root = CONFS / "ppo_cartpole.gin", tmp_path / "root"

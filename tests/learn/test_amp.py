@@ -55,6 +55,8 @@ def test_fp16_on_cuda_scales_the_loss_skips_overflowing_steps_and_round_trips_it
     assert restored.scaler.get_scale() == policy.scaler.get_scale() and restored.skipped_steps == 1
 
 
+# slow: a learning run (12 s in CI); bf16 autocast's loss and update are unit-tested above in the default run
+@pytest.mark.slow
 @pytest.mark.learning
 @pytest.mark.timeout(120)
 def test_sac_with_bf16_autocast_reaches_the_point_goal_threshold(tmp_path):
