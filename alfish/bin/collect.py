@@ -56,9 +56,10 @@ import numpy as np
 import torch
 
 from alfish.bin.output_path import why_unwritable
+from alfish.bin.root_dir_args import add_allow_import
 from alfish.bin.stored_run import load_checkpoint, load_stored_config, one_line, restore_policy
 from alfish.config import ConfError, TrainerConfig, load_config_text
-from alfish.config.untrusted import MAX_STORED_CONFIG_BYTES, TRUST_ALL, check_env_names, trusted_prefixes
+from alfish.config.untrusted import MAX_STORED_CONFIG_BYTES, check_env_names, trusted_prefixes
 from alfish.data.types import StepType, TimeStep
 from alfish.envs.batched_env import BatchedEnv, environment_settings
 from alfish.evaluate.acting import GreedyPolicy
@@ -93,10 +94,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                                                                "(default 0)")
     parser.add_argument("--checkpoint_step", type=int, default=None,
                         help="iteration of the checkpoint (default: newest)")
-    parser.add_argument("--allow_import", action="append", default=[], metavar="PREFIX",
-                        help="trust the modules under PREFIX (your own env/network package): the stored config may "
-                             "import them, use their configurables and name their 'module:EnvId' envs (repeatable); "
-                             f"'{TRUST_ALL}' trusts this root_dir completely, so its config may run any code")
+    add_allow_import(parser)
     parser.add_argument("--dataset_id", default=None,
                         help="the Minari dataset id, (namespace/)name-v(version) (--format minari; default "
                              "alfish/dataset-v0)")

@@ -29,9 +29,10 @@ from typing import Callable, Optional, Sequence
 import gin
 import gymnasium as gym
 
+from alfish.bin.root_dir_args import add_allow_import
 from alfish.bin.stored_run import load_checkpoint, load_policy_config, one_line, restore_policy
 from alfish.config import ConfError, TrainerConfig
-from alfish.config.untrusted import TRUST_ALL, check_env_names, trusted_prefixes
+from alfish.config.untrusted import check_env_names, trusted_prefixes
 from alfish.console.printable import printable
 from alfish.envs.batched_env import BatchedEnv, create_environment, environment_settings
 from alfish.evaluate.evaluator import Evaluator, RecordedAt, write_evaluation
@@ -63,9 +64,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="default: the run's TrainerConfig.epsilon_greedy")
     parser.add_argument("--seed", type=int, default=None, help="default: the run's evaluation seed")
     parser.add_argument("--out_dir", default=None, help="where the records go (default: ROOT_DIR/evaluations)")
-    parser.add_argument("--allow_import", action="append", default=[], metavar="PREFIX",
-                        help="trust the modules under PREFIX (your own env/network package), as play does; "
-                             f"'{TRUST_ALL}' trusts this root_dir completely")
+    add_allow_import(parser)
     return parser.parse_args(argv)
 
 

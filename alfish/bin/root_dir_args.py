@@ -1,5 +1,6 @@
-"""The flags of the commands that read a results directory (play, export): which run, which of its checkpoints, and
-which modules its stored config may use. Defined once, so their names, defaults and help read the same in each.
+"""The flags of the commands that read a results directory (play, export; evaluate and collect take --allow_import
+from here): which run, which of its checkpoints, and which modules its stored config may use. Defined once, so their
+names, defaults and help read the same in each.
 
 Each command adds them where they belong among its own flags (``--help`` lists flags in the order they were added).
 """
