@@ -68,6 +68,7 @@ def _worker_main(diagnostics_dir: str, index: int, env_fn: Callable[[], gym.Env]
     global _diagnostics_file
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     contract.shared_warning_dir = diagnostics_dir  # the batch's workers give each contract warning once
+    # (diagnostics_dir is this batch's private mkdtemp folder, not a results directory: plain open/rename are safe)
     path = os.path.join(diagnostics_dir, f"{index}.txt")
     _diagnostics_file = open(path + ".starting", "w")
     faulthandler.enable(file=_diagnostics_file, all_threads=True)
@@ -195,7 +196,7 @@ class EnvWorkers(gym.vector.AsyncVectorEnv):
                 deadline = time.monotonic() + (timeout or CLOSE_TIMEOUT_S)
                 self._await_replies(range(self.num_envs), deadline, dump_stacks=False)
                 for pipe in self.parent_pipes:
-                    pipe.recv()
+                    pipe.recv()  # ready: _await_replies returned only once every pipe had a reply (bounded wait)
                 for process in self.processes:  # each exits right after its reply; let it, before terminating any
                     process.join(max(0.0, deadline - time.monotonic()))
             except (OSError, EOFError, EnvWorkerError, EnvContractError):
@@ -351,9 +352,9 @@ class _AwaitedPipe:
         self._pipe.close()
 
     def recv(self) -> Any:
-        self._workers._await_replies([self._index], self._deadline)
+        self._workers._await_replies([self._index], self._deadline)  # bounded: fails the batch past the deadline
         try:
-            return self._pipe.recv()
+            return self._pipe.recv()  # ready once _await_replies returned
         except (EOFError, OSError):
             self._workers._fail_for_dead_worker([self._index])
             raise

@@ -21,13 +21,13 @@ import sys
 import tempfile
 import threading
 
-import gin
 import pytest
 
 from alfish.bin import train as train_cli
 from alfish.rundir import checkpoint as checkpoint_module
 from alfish.rundir.checkpoint import Checkpointer
 from alfish.rundir.disk import DiskWriteError, check_root_dir, human_bytes, mount_point, write_failure
+from tests.rundir.in_process import logging_and_gin_restored
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -52,19 +52,12 @@ def cli(tmp_path):
     """Run ``alfish.bin.train.main`` in this process and leave logging and gin as they were."""
     conf = tmp_path / "tiny.gin"
     conf.write_text(TINY)
-    root_logger = logging.getLogger()
-    handlers, level = list(root_logger.handlers), root_logger.level
 
     def run(root_dir, *extra):
         return train_cli.main(["--conf", str(conf), "--root_dir", str(root_dir), *extra])
 
-    yield run
-    for handler in root_logger.handlers[:]:
-        if handler not in handlers:
-            root_logger.removeHandler(handler)
-            handler.close()
-    root_logger.setLevel(level)
-    gin.clear_config()
+    with logging_and_gin_restored():
+        yield run
 
 
 def problem_lines(stderr: str) -> list[str]:

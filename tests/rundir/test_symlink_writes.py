@@ -9,13 +9,11 @@ Checkpoint rotation deletes only what a checkpoint's manifest lists, never throu
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import pathlib
 import shutil
 
-import gin
 import pytest
 import torch
 
@@ -27,6 +25,7 @@ from alfish.rundir.run_record import write_run_record
 from alfish.rundir.safe_paths import UnsafePathError
 from alfish.rundir.set_aside import start_over
 from alfish.trainer.lifecycle import best_checkpointer
+from tests.rundir.in_process import logging_and_gin_restored
 
 from .test_disk_errors import TINY, assert_clean
 from .test_safe_paths import tree_digest
@@ -43,23 +42,10 @@ PLANTED = ["log.txt", "eval_log.jsonl", "scalars.csv", "checkpoints", "checkpoin
            "run_record"]
 
 
-@contextlib.contextmanager
-def _logging_and_gin_restored():
-    root_logger = logging.getLogger()
-    handlers, level = list(root_logger.handlers), root_logger.level
-    try:
-        yield
-    finally:
-        for handler in root_logger.handlers[:]:
-            if handler not in handlers:
-                root_logger.removeHandler(handler)
-                handler.close()
-        root_logger.setLevel(level)
-        gin.clear_config()
 
 
 def train(conf: pathlib.Path, root: pathlib.Path, *extra: str) -> int:
-    with _logging_and_gin_restored():
+    with logging_and_gin_restored():
         return train_cli.main(["--conf", str(conf), "--root_dir", str(root), *extra])
 
 

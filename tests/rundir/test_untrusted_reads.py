@@ -25,7 +25,6 @@ import weakref
 import zipfile
 import zlib
 
-import gin
 import pytest
 import torch
 
@@ -38,6 +37,7 @@ from alfish.rundir.checkpoint import Checkpointer, CheckpointError
 from alfish.tools import check_resume
 from alfish.tools import compare as compare_cli
 from alfish.tools import verify_checkpoint as verify_checkpoint_cli
+from tests.rundir.in_process import logging_and_gin_restored
 
 from .test_disk_errors import REPO, TINY, assert_clean
 
@@ -48,19 +48,6 @@ WRAPPER = ("import json, resource, subprocess, sys; p = subprocess.run(sys.argv[
 
 
 # ------------------------------------------------------------------------------------------------- fixtures ----
-@contextlib.contextmanager
-def _restored_logging():
-    root_logger = logging.getLogger()
-    handlers, level = list(root_logger.handlers), root_logger.level
-    try:
-        yield
-    finally:
-        for handler in root_logger.handlers[:]:
-            if handler not in handlers:
-                root_logger.removeHandler(handler)
-                handler.close()
-        root_logger.setLevel(level)
-        gin.clear_config()
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +55,7 @@ def trained(tmp_path_factory) -> pathlib.Path:
     """A finished tiny run: <dir>/root with ckpt-1..3, and <dir>/tiny.gin (its conf)."""
     work = tmp_path_factory.mktemp("trained")
     (work / "tiny.gin").write_text(TINY)
-    with _restored_logging():
+    with logging_and_gin_restored():
         assert train_cli.main(["--conf", str(work / "tiny.gin"), "--root_dir", str(work / "root")]) == 0
     return work
 
@@ -80,7 +67,7 @@ def run(trained, tmp_path) -> pathlib.Path:
     shutil.copytree(trained, tmp_path, dirs_exist_ok=True, symlinks=True)
     (tmp_path / "outside").mkdir()
     (tmp_path / "outside" / "precious.txt").write_text("not alfish's\n")
-    with _restored_logging(), _alarm(60):
+    with logging_and_gin_restored(), _alarm(60):
         yield tmp_path / "root"
 
 

@@ -34,7 +34,7 @@ import sys
 import zipfile
 from typing import Callable, Optional
 
-from harness import ENV, Row, reseal, run
+from harness import A2C_CHAIN, ENV, Row, reseal, run
 from watch import Finished, OpenWatch, digest_changes, run_measured, tree_digest
 
 PY = sys.executable
@@ -48,21 +48,10 @@ FORGED_ACTIONS = 10_000_000  # 50 times EpisodeLog.MAX_LOGGED_ACTIONS: replaying
 
 # A2C on the 2-env toy chain with everything a run directory can hold: evaluation (eval_log.jsonl, checkpoints/best),
 # scalars.csv, tb/, log.txt, 3 checkpoints (kept: 3, so a resume deletes the oldest).
-BASE_CONF = """
-create_environment.env_name = 'alfish/Chain-v0'
-create_environment.num_parallel_environments = 2
-A2cAlgorithm.hidden_sizes = (8,)
-TrainerConfig.algorithm_ctor = @A2cAlgorithm
-Trainer.num_threads = 1
-TrainerConfig.random_seed = 0
-TrainerConfig.num_iterations = 3
-TrainerConfig.unroll_length = 4
-TrainerConfig.evaluate = True
+BASE_CONF = A2C_CHAIN.replace("TrainerConfig.evaluate = False", "TrainerConfig.evaluate = True") + """
 TrainerConfig.async_eval = False
 TrainerConfig.eval_interval = 1
 TrainerConfig.num_eval_episodes = 1
-TrainerConfig.num_checkpoints = 3
-TrainerConfig.summary_interval = 1
 Trainer.scalars_csv = True
 Trainer.max_checkpoints_to_keep = 3
 """

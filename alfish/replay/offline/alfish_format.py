@@ -71,6 +71,7 @@ class DatasetWriter:
                     "action_space": space_to_json(steps.action_space) if steps.action_space is not None else None,
                     "source": steps.source}
             (self.tmp / META).write_text(json.dumps(meta, indent=1))
+            # out_dir is the --out the user typed (trusted as typed, DESIGN.md §3.13), not a path inside a root_dir
             os.rename(self.tmp, self.out_dir)
         except BaseException:
             self.abort()

@@ -323,7 +323,7 @@ def write_minari(steps: Steps, out_dir: str | os.PathLike, dataset_id: str = "al
                                  "description": f"written by alfish from {src}", **no_spec})
         # A generator: one episode in memory at a time, and minari opens the file once for all of them.
         storage.update_episodes(episode_buffer(s, e) for s, e in zip(firsts.tolist(), lasts.tolist()))
-        os.rename(tmp, out_dir)
+        os.rename(tmp, out_dir)  # out_dir: the --out the user typed (trusted as typed), not a path in a root_dir
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
