@@ -13,7 +13,14 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from alfish.collect.child_process import ChildChannels, finish_child, gin_constants, start_child
+from alfish.collect.child_process import (
+    ChildChannels,
+    build_acting_policy,
+    finish_child,
+    gin_constants,
+    resolved_acting_device,
+    start_child,
+)
 from alfish.collect.shared_params import POLL_S, ParamBlock, SharedParams, rollout_state
 from alfish.data import nest
 from alfish.envs.batched_env import EnvSettings
@@ -23,7 +30,8 @@ from alfish.envs.batched_env import EnvSettings
 class UnrollSpec:
     """Everything the child needs, picklable: how to build the envs, the gin config text (parsed there, for the policy)
     and the pacing. gin_constants: the ``gin.constant`` values the text may name (default: those registered in this
-    process when the spec is made)."""
+    process when the spec is made). acting_device: where the child's policy acts, ``DevicePolicy.rollout_device``
+    resolved in the trainer when the spec is made (under torchrun with its ``LOCAL_RANK``: the child has none)."""
 
     env_settings: EnvSettings
     config_text: str
@@ -31,6 +39,7 @@ class UnrollSpec:
     step_interval_s: float
     parent_pid: int
     gin_constants: dict[str, Any] = dataclasses.field(default_factory=gin_constants)
+    acting_device: torch.device = dataclasses.field(default_factory=resolved_acting_device)
 
 
 @dataclasses.dataclass
@@ -58,7 +67,7 @@ def child_main(spec: UnrollSpec, shared: SharedParams, channels: ChildChannels) 
         command = _wait_for_start(channels, parent_alive)
         if command is not None:
             _, block_name, seed = command
-            acting = _start_acting(config, env, env_spec, shared, block_name, seed, parent_alive)
+            acting = _start_acting(spec, config, env, env_spec, shared, (block_name, seed), parent_alive)
             _run(acting, spec.step_interval_s, channels, parent_alive)
     except BaseException:  # noqa: BLE001  (everything, including KeyboardInterrupt, goes to the parent)
         channels.errors.put(traceback.format_exc())
@@ -68,20 +77,18 @@ def child_main(spec: UnrollSpec, shared: SharedParams, channels: ChildChannels) 
     finish_child((env, acting.block if acting is not None else None), channels.results, channels.errors, exit_code)
 
 
-def _start_acting(config: Any, env: Any, env_spec: Any, shared: SharedParams, block_name: str, seed: Optional[int],
-                  parent_alive: Callable[[], bool]) -> _Acting:
-    """Seed the child's own action-sampling stream, build the rollout policy, load the published parameters, and
-    reset the envs (the Unroller's construction, with ``seed``)."""
-    from alfish.algorithms.build import build_policy
+def _start_acting(spec: UnrollSpec, config: Any, env: Any, env_spec: Any, shared: SharedParams,
+                  start: tuple[str, Optional[int]], parent_alive: Callable[[], bool]) -> _Acting:
+    """Seed the child's own action-sampling stream, build the rollout policy on ``spec.acting_device``, load the
+    published parameters, and reset the envs (the Unroller's construction, with the seed). ``start``: the trainer's
+    (parameter block name, seed)."""
     from alfish.collect.unroller import Unroller
     from alfish.seeding import CHILD_SEED_OFFSET, seed_everything
 
+    block_name, seed = start
     seed_everything((seed if seed is not None else 0) + CHILD_SEED_OFFSET)  # action sampling: its own stream
-    from alfish.learn.device import DevicePolicy
-
-    device = DevicePolicy().acting_device()  # the CPU unless DevicePolicy.rollout_device says otherwise
-    transformer, algorithm = build_policy(config, env_spec)
-    algorithm.to(device), transformer.to(device)
+    device = spec.acting_device  # resolved by the trainer (the CPU unless DevicePolicy.rollout_device says otherwise)
+    transformer, algorithm = build_acting_policy(config, env_spec, device)
     tensors = rollout_state(algorithm, transformer)
     block = ParamBlock(shared, tensors, name=block_name)
     version = _load_parameters(block, tensors, 0, parent_alive)

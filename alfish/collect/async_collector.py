@@ -72,7 +72,8 @@ class AsyncCollector(Collector):
     alive (a hung env); ``build.py`` passes the env's ``create_environment.step_timeout_s``. A child that is stopped
     (SIGSTOP, a debugger) is an error after ``STOPPED_GRACE_S`` of silence. The child's start-up (building its envs)
     may take ``startup_timeout_s``.
-    device: the training device (the child acts on ``DevicePolicy.rollout_device``, the CPU by default).
+    device: the training device (the child acts on ``spec.acting_device``: ``DevicePolicy.rollout_device``
+    resolved here, the CPU by default).
     """
 
     def __init__(self, spec: UnrollSpec, queue_size: int, max_unroll_length: int = 0,

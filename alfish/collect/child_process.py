@@ -3,13 +3,15 @@ both children and both parents share.
 
 ``without_rank_variables`` is how both are started: the child gets the trainer's environment minus torchrun's rank
 variables (it is not a rank of the job, and tools that find a job's ranks by them must not take it for one).
-``ChildChannels`` are the queues and the stop flag a child shares with its trainer. ``start_child`` is the child's
-first act: ignore Ctrl-C (the trainer's to handle; it then stops the child), one torch thread, the trainer's gin config
-parsed here (with the ``gin.constant`` values it names, ``gin_constants``), and a check that the trainer still lives
-(``parent_watch``). ``finish_child`` is the child's last act: release its resources, make sure its traceback (if any)
-reached the parent, and leave without interpreter teardown. ``reap_child`` is the parent's: terminate, then kill, each
-step bounded, then close the queues without waiting on them. ``ChildProcessFailed`` is what the parent raises when a
-child failed, died, stalled or hung.
+``resolved_acting_device`` is where a child's policy copy acts (``DevicePolicy.rollout_device``), resolved in the
+trainer with its ``LOCAL_RANK`` and sent in the child's spec; ``build_acting_policy`` builds that copy in the child,
+on exactly that device. ``ChildChannels`` are the queues and the stop flag a child shares with its trainer.
+``start_child`` is the child's first act: ignore Ctrl-C (the trainer's to handle; it then stops the child), one torch
+thread, the trainer's gin config parsed here (with the ``gin.constant`` values it names, ``gin_constants``), and a
+check that the trainer still lives (``parent_watch``). ``finish_child`` is the child's last act: release its
+resources, make sure its traceback (if any) reached the parent, and leave without interpreter teardown. ``reap_child``
+is the parent's: terminate, then kill, each step bounded, then close the queues without waiting on them.
+``ChildProcessFailed`` is what the parent raises when a child failed, died, stalled or hung.
 
 Both children are non-daemonic, so that their envs may be subprocesses (``vectorization='async'``), which a daemonic
 process cannot have; their parents register ``close`` with ``atexit`` so that the interpreter's exit, which joins
@@ -32,6 +34,27 @@ import torch
 #: torchrun's per-process identity; a child of a rank is not a rank of the job.
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_WORLD_SIZE",
                   "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_ERROR_FILE")
+
+
+def resolved_acting_device() -> torch.device:
+    """``DevicePolicy.rollout_device`` resolved here, in the trainer, where torchrun's ``LOCAL_RANK`` is set: 'cuda'
+    is this rank's GPU, ``cuda:(LOCAL_RANK % device_count())``. A child gets no rank variables, so it must not resolve
+    it again (it would pick ``cuda:0`` on every rank); its spec carries this device instead."""
+    from alfish.learn.device import DevicePolicy
+
+    return DevicePolicy().acting_device()
+
+
+def build_acting_policy(config: Any, env_spec: Any, device: torch.device) -> tuple[Any, Any]:
+    """``(transformer, algorithm)``: the policy copy of a child, built from the trainer's ``config`` and the training
+    envs' ``env_spec`` as the trainer built its own, then moved to ``device`` (its spec's ``acting_device``), which is
+    also made CUDA's current device there (streams, events and the CUDA context then belong to that GPU alone)."""
+    from alfish.algorithms.build import build_policy
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    transformer, algorithm = build_policy(config, env_spec)
+    return transformer.to(device), algorithm.to(device)
 
 
 class ChildProcessFailed(RuntimeError):

@@ -15,7 +15,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from alfish.collect.child_process import ChildChannels, finish_child, start_child
+from alfish.collect.child_process import (
+    ChildChannels,
+    build_acting_policy,
+    finish_child,
+    resolved_acting_device,
+    start_child,
+)
 from alfish.collect.shared_params import POLL_S, ParamBlock, SharedParams, rollout_state
 from alfish.envs.batched_env import EnvSettings
 from alfish.envs.spec import EnvSpec
@@ -27,10 +33,12 @@ class EvalSpec:
 
     env_settings: the evaluation envs (read under gin's ``eval`` scope, seeded with the evaluation seed).
     env_spec: the training envs' spec: the policy copy is built from it, as the trainer built its own.
-    config_text: the gin config (parsed in the child for the algorithm, the data transformers, ``DevicePolicy``).
+    config_text: the gin config (parsed in the child for the algorithm and the data transformers).
     gin_constants: the ``gin.constant`` values registered here (``gin_constants()``): the text names them only.
     seed: the evaluation seed; the k-th evaluation resets its envs with ``reseed(seed, k)``.
     uncertainty: ``TrainerConfig.eval_uncertainty`` (the critics are shipped and evaluated too).
+    acting_device: where the policy copy acts, ``DevicePolicy.rollout_device`` resolved in the trainer when the spec
+    is made (under torchrun with its ``LOCAL_RANK``: the child has none).
     """
 
     env_settings: EnvSettings
@@ -43,6 +51,7 @@ class EvalSpec:
     seed: int
     uncertainty: bool
     parent_pid: int
+    acting_device: torch.device = dataclasses.field(default_factory=resolved_acting_device)
 
 
 class EvalShared(SharedParams):
@@ -104,20 +113,10 @@ def eval_child_main(spec: EvalSpec, shared: EvalShared, channels: ChildChannels)
         config, parent_alive = start_child(spec)
         import gin
 
-        from alfish.algorithms.build import build_policy
-        from alfish.evaluate.evaluator import Evaluator
-        from alfish.learn.device import DevicePolicy
-
         with gin.config_scope("eval"):
             env = spec.env_settings.create()
-        device = DevicePolicy().acting_device()  # the CPU unless DevicePolicy.rollout_device says otherwise
-        transformer, algorithm = build_policy(config, spec.env_spec)
-        algorithm.to(device), transformer.to(device)
-        tensors = eval_state(algorithm, transformer, spec.uncertainty)
         keep_going = lambda: not channels.stop.value and parent_alive()  # noqa: E731
-        evaluator = Evaluator(_Heartbeat(env, shared.heartbeat, keep_going), spec.num_episodes, spec.epsilon_greedy,
-                              seed=spec.seed, transform=transformer.rollout_view(update_stats=False),
-                              uncertainty=spec.uncertainty)
+        algorithm, tensors, evaluator = _evaluation_parts(spec, config, _Heartbeat(env, shared.heartbeat, keep_going))
         shared.ready.value = 1
         phase = "evaluation"
         name = _wait_for_block(channels, parent_alive)
@@ -132,6 +131,19 @@ def eval_child_main(spec: EvalSpec, shared: EvalShared, channels: ChildChannels)
     else:
         exit_code = 0
     finish_child((env, block), channels.results, channels.errors, exit_code)  # (os._exit: no interpreter teardown)
+
+
+def _evaluation_parts(spec: EvalSpec, config: Any, env: Any) -> tuple[torch.nn.Module, dict[str, torch.Tensor], Any]:
+    """``(algorithm, tensors, evaluator)``: the policy copy on ``spec.acting_device`` (resolved by the trainer: the CPU
+    unless ``DevicePolicy.rollout_device`` says otherwise), the tensors the published parameters are read into, and
+    the ``Evaluator`` stepping ``env`` with it."""
+    from alfish.evaluate.evaluator import Evaluator
+
+    transformer, algorithm = build_acting_policy(config, spec.env_spec, spec.acting_device)
+    tensors = eval_state(algorithm, transformer, spec.uncertainty)
+    evaluator = Evaluator(env, spec.num_episodes, spec.epsilon_greedy, seed=spec.seed,
+                          transform=transformer.rollout_view(update_stats=False), uncertainty=spec.uncertainty)
+    return algorithm, tensors, evaluator
 
 
 def _serve(evaluator: Any, algorithm: torch.nn.Module, block: ParamBlock, tensors: dict[str, torch.Tensor],

@@ -48,9 +48,14 @@ class DevicePolicy:
             torch.cuda.set_device(device)  # NCCL and the caching allocator use the current device
         return device
 
-    def acting_device(self) -> torch.device:
-        """Where the async unroll child's and the evaluator's policy copies act."""
-        return resolve_device(self.rollout_device, None, "DevicePolicy.rollout_device")
+    def acting_device(self, local_rank: int | None = None) -> torch.device:
+        """Where the async unroll child's and the evaluator's policy copies act (``local_rank`` as for
+        ``training_device``: 'cuda' under torchrun is ``cuda:(LOCAL_RANK % device_count())``). Resolved in the
+        trainer's process and sent to the children in their spec: a child has no rank variables
+        (``alfish.collect.child_process.without_rank_variables``), so it must not resolve it again."""
+        if local_rank is None and "LOCAL_RANK" in os.environ:
+            local_rank = int(os.environ["LOCAL_RANK"])
+        return resolve_device(self.rollout_device, local_rank, "DevicePolicy.rollout_device")
 
 
 def resolve_device(name: str, local_rank: int | None = None, what: str = "device") -> torch.device:

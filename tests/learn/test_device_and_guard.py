@@ -43,6 +43,27 @@ def test_unknown_devices_are_named(name, message):
         DevicePolicy(rollout_device=name).acting_device()
 
 
+@pytest.mark.parametrize("name, local_rank, visible, expected", [
+    ("cuda", "3", 4, "cuda:3"),  # torchrun: each rank's children act on that rank's GPU
+    ("cuda", "3", 2, "cuda:1"),  # fewer GPUs than local ranks: LOCAL_RANK % device_count(), as for training
+    ("cuda", None, 4, "cuda:0"),  # no torchrun
+    ("cuda:2", "3", 4, "cuda:2"),  # an explicit GPU stays that GPU
+    ("cpu", "3", 4, "cpu"),
+])
+def test_the_acting_device_under_torchrun_is_the_local_ranks_gpu(monkeypatch, name, local_rank, visible, expected):
+    """``DevicePolicy.rollout_device`` resolves with the local rank, as ``DevicePolicy.device`` does (the resolution
+    alone: CUDA's presence is faked; nothing is placed there)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert DevicePolicy(rollout_device=name).acting_device() == torch.device(expected)
+    assert DevicePolicy(rollout_device=name).acting_device(local_rank=1) == torch.device(
+        expected if name != "cuda" else f"cuda:{1 % visible}")
+
+
 def test_bad_replay_storage_lists_the_choices():
     with pytest.raises(ValueError, match=r"^DevicePolicy.replay_storage='gpu' must be one of \['cpu', 'mmap', "
                                          r"'device'\]$"):
