@@ -8,7 +8,7 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["alfish", "alfish.*"]),
     install_requires=[
-        "torch>=2.1",
+        "torch>=2.5",  # alfish.TORCH_FLOOR: the newest torch feature alfish relies on (alfish/__init__.py)
         "numpy>=1.24",
         "gymnasium[classic-control]>=1.0",
         "gin-config>=0.5",

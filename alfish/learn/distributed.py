@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import inspect
 import logging
 import os
 import socket
@@ -222,7 +223,20 @@ def wrap_for_ddp(algorithm: nn.Module, ctx: DistContext, device: torch.device = 
     find_unused = bool(getattr(algorithm, "skips_parameters_in_some_updates", False))
     device_ids = [device] if device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(module, device_ids=device_ids, find_unused_parameters=find_unused,
-                                                forward_sync_buffers=False)
+                                                **_buffers_synced_once(module))
+
+
+def _buffers_synced_once(module: nn.Module) -> dict:
+    """DDP's keyword for buffers that are rank 0's after construction and never broadcast again at a forward (the
+    normalizer statistics are merged across ranks instead, ``merge_statistics_across_ranks``): torch >= 2.13's
+    ``forward_sync_buffers=False``. Older releases (the floor is in ``alfish.TORCH_FLOOR``) have only
+    ``broadcast_buffers=False``, which also leaves the buffers out of the construction's broadcast, so the buffers are
+    broadcast here first, once (as DDP's construction does with the parameters)."""
+    if "forward_sync_buffers" in inspect.signature(nn.parallel.DistributedDataParallel.__init__).parameters:
+        return dict(forward_sync_buffers=False)
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src=0)
+    return dict(broadcast_buffers=False)
 
 
 def allreduce_gradients(params: Sequence[torch.Tensor], ctx: DistContext) -> None:
