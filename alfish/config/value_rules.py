@@ -179,6 +179,7 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     'AmpPolicy.max_consecutive_skips': AT_LEAST_ONE,
     'init_distributed.backend': OneOf('alfish.learn.distributed:BACKENDS'),
     'init_distributed.timeout_s': Range(0, low_open=True, note='seconds'),
+    'init_distributed.checkpoint_timeout_s': Range(0, low_open=True, note='seconds'),
     'Learner.finite_check_interval': AT_LEAST_ONE,
     'Trainer.num_threads': (AT_LEAST_ONE, OneOf(('auto',))),
     'Trainer.progress_log_interval_s': Range(0, low_open=True, note='seconds'),

@@ -14,6 +14,10 @@ Two kinds of traffic cross the ranks:
   ``broadcast_object``, the parameter checksums (``check_parameters_equal``, gathered on the CPU because the
   comparison reads them there anyway) and the barrier in ``shutdown``.
 
+Waits for rank 0's checkpoints, and the end-of-run barrier, go through a gloo group of their own whose timeout is
+``checkpoint_timeout_s`` (``DistContext.checkpoint_group``), so a long write is not taken for a hung rank: see
+``alfish.learn.checkpoint_barrier``.
+
 NCCL refuses CPU tensors, so a CUDA job joins one default group with two backends, ``'cpu:gloo,cuda:nccl'``: torch
 routes each collective by the device of its tensors (CPU -> gloo, CUDA -> NCCL), object collectives and the barrier
 go through gloo, and both share the group's timeout. This was chosen over a second, gloo-only group for the control
@@ -50,6 +54,11 @@ from alfish.transforms.normalizers import RunningMeanStd
 logger = logging.getLogger(__name__)
 
 
+#: ``init_distributed.checkpoint_timeout_s``'s default: 30 minutes (torch's own default collective timeout), enough for
+#: tens of GB on a slow network file system.
+DEFAULT_CHECKPOINT_TIMEOUT_S = 1800.0
+
+
 @dataclasses.dataclass(frozen=True)
 class DistContext:
     """Where this process sits in the job. ``world_size == 1``: a plain single-process run."""
@@ -58,6 +67,9 @@ class DistContext:
     world_size: int = 1
     local_rank: int = 0
     backend: str | None = None
+    checkpoint_timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S
+    # a gloo group of every rank whose barrier waits checkpoint_timeout_s (None in a single process)
+    checkpoint_group: object = dataclasses.field(default=None, compare=False, repr=False)
 
     @property
     def is_main(self) -> bool:
@@ -75,8 +87,8 @@ NCCL_WITH_CPU_CONTROL = "cpu:gloo,cuda:nccl"
 
 
 @gin.configurable(denylist=["device"])
-def init_distributed(device: torch.device = CPU, backend: str | None = None,
-                     timeout_s: float = 30.0) -> DistContext:
+def init_distributed(device: torch.device = CPU, backend: str | None = None, timeout_s: float = 30.0,
+                     checkpoint_timeout_s: float = DEFAULT_CHECKPOINT_TIMEOUT_S) -> DistContext:
     """Join the torchrun job described by the environment, or return a single-process context.
 
     device: this rank's training device (``DevicePolicy.training_device``).
@@ -85,6 +97,9 @@ def init_distributed(device: torch.device = CPU, backend: str | None = None,
     several ranks share a GPU.
     timeout_s: how long a collective may wait for the other ranks before it fails (a dead or hung rank must end the
     job quickly, not after torch's default of 30 minutes).
+    checkpoint_timeout_s: how long the other ranks wait for rank 0 to write a checkpoint (with the replay buffer by
+    default: gigabytes at scale), and for each other at the end of the run (``alfish.learn.checkpoint_barrier``); a
+    write that takes longer ends the job with a one-line error saying so.
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
@@ -95,11 +110,14 @@ def init_distributed(device: torch.device = CPU, backend: str | None = None,
         dist.init_process_group(backend=NCCL_WITH_CPU_CONTROL if backend == "nccl" else backend,
                                 init_method="env://", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout_s))
-    ctx = DistContext(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend)
+    # (every rank makes the group, right after joining: groups must be made in the same order on all ranks)
+    checkpoint_group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=checkpoint_timeout_s))
+    ctx = DistContext(rank=rank, world_size=world_size, local_rank=local_rank, backend=backend,
+                      checkpoint_timeout_s=checkpoint_timeout_s, checkpoint_group=checkpoint_group)
     if backend == "nccl":
         check_one_rank_per_gpu(device, ctx)  # over gloo, before NCCL is touched
-    logger.info("distributed: rank %d of %d (local rank %d) on %s, backend %s, collective timeout %.0f s", rank,
-                world_size, local_rank, device, backend, timeout_s)
+    logger.info("distributed: rank %d of %d (local rank %d) on %s, backend %s, collective timeout %.0f s, checkpoint "
+                "timeout %.0f s", rank, world_size, local_rank, device, backend, timeout_s, checkpoint_timeout_s)
     return ctx
 
 
@@ -349,10 +367,11 @@ def broadcast_object(obj: object, ctx: DistContext) -> object:
 def shutdown(ctx: DistContext, synchronize: bool = False) -> None:
     """Leave the process group. ``synchronize`` (after a normal end) first waits for every rank to get here, so no
     rank tears its connections down while another still finishes its last collective; after an error there may be
-    nobody to wait for."""
+    nobody to wait for. The wait is in the checkpoint group (``checkpoint_timeout_s``): rank 0 may still be writing
+    the final checkpoint, evaluation and summaries."""
     if ctx.enabled and dist.is_initialized():
         if synchronize:
-            dist.barrier()
+            dist.barrier(group=ctx.checkpoint_group)
         dist.destroy_process_group()
 
 
@@ -364,7 +383,7 @@ def explain_collective_timeout(error: BaseException, ctx: DistContext) -> BaseEx
     """``error`` itself, or a ``RankStoppedError`` naming the rank(s) that stopped when ``error`` is a collective
     timeout that a hung peer caused (``heartbeat.diagnose_timeout``; waits up to ``heartbeat.GRACE_S``). Call it while
     the process group is still up, and raise the result ``from error``."""
-    if not ctx.enabled or not heartbeat.is_timeout(error):
-        return error
+    if not ctx.enabled or isinstance(error, RankStoppedError) or not heartbeat.is_timeout(error):
+        return error  # (a RankStoppedError names the rank already, e.g. a checkpoint wait that timed out)
     line = heartbeat.diagnose_timeout(ctx.rank, ctx.world_size)
     return error if line is None else RankStoppedError(line)

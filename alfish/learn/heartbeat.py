@@ -8,19 +8,24 @@ job's rendezvous store (the TCPStore torchrun already runs), and a rank whose co
 - ``beat(iteration)``: called once per training iteration at the stop-flag sync (``any_rank``); writes
   ``alfish/progress/<rank> = "<iteration> <unix time>"`` at most once per ``BEAT_INTERVAL_S`` (one small TCP write per
   second: nothing next to an iteration).
+- ``writing_checkpoint(iteration, rank)``: around a checkpoint write, ``alfish/checkpoint/<rank> = "<iteration> <unix
+  time>"``, removed when the write ends. A rank writing a checkpoint makes no progress but is not hung: the ranks wait
+  for it in the checkpoint barrier (``alfish.learn.checkpoint_barrier``), and the diagnosis says it is writing.
 - ``diagnose_timeout(error)``: marks this rank as timed out, waits ``GRACE_S`` for the other live ranks to time out
   too (they wait in the same or the next collective, with the same timeout), then names the ranks that did not: the
-  ones that stopped making progress, with their last iteration and how long ago that was.
+  ones that stopped making progress, with their last iteration and how long ago that was, or the checkpoint they
+  are writing and for how long.
 
 The store is reached with short timeouts, so a diagnosis never adds a hang of its own; when the store is gone (the
 agent died) the diagnosis is skipped and the original error stands.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from datetime import timedelta
-from typing import Optional
+from typing import Iterator, Optional
 
 import torch.distributed as dist
 
@@ -31,6 +36,7 @@ GRACE_S = 3.0
 STORE_TIMEOUT_S = 2.0
 _PROGRESS_KEY = "alfish/progress/{rank}"
 _TIMED_OUT_KEY = "alfish/timed_out/{rank}"
+_CHECKPOINT_KEY = "alfish/checkpoint/{rank}"
 # Phrases of a collective that gave up waiting: gloo ("Timed out waiting 10000ms for recv"), NCCL's watchdog
 # ("Watchdog caught collective operation timeout"), the store ("Socket Timeout", "wait timeout").
 _TIMEOUT_PHRASES = ("timed out", "timeout")
@@ -68,6 +74,44 @@ def beat(iteration: int, rank: int, store: Optional[dist.Store] = None) -> None:
         logger.debug("heartbeat not written: %s", err)
 
 
+@contextlib.contextmanager
+def writing_checkpoint(iteration: int, rank: int, store: Optional[dist.Store] = None) -> Iterator[None]:
+    """Record, for the time of the ``with`` block, that ``rank`` is writing the checkpoint of ``iteration`` (in
+    ``store``, default: the job's rendezvous store; nothing outside a process group). The record stays when the write
+    fails: the rank then is still "the one that was writing" for the others' diagnosis."""
+    store = store or _store()
+    if store is None:
+        yield
+        return
+    key = _CHECKPOINT_KEY.format(rank=rank)
+    try:
+        store.set(key, f"{iteration} {time.time():.3f}")
+    except Exception as err:  # noqa: BLE001  (the store is down: the next collective will say so)
+        logger.debug("checkpoint mark not written: %s", err)
+    yield
+    try:
+        store.delete_key(key)
+    except Exception as err:  # noqa: BLE001
+        logger.debug("checkpoint mark not removed: %s", err)
+
+
+def checkpoint_in_progress(rank: int, store: Optional[dist.Store] = None) -> Optional[tuple[int, float]]:
+    """``(iteration, seconds since it started)`` of the checkpoint ``rank`` is writing, or None (not writing, or no
+    store to ask)."""
+    store = store or _store()
+    if store is None:
+        return None
+    key = _CHECKPOINT_KEY.format(rank=rank)
+    try:
+        if not store.check([key]):
+            return None
+        iteration, stamp = store.get(key).decode().split()
+        return int(iteration), time.time() - float(stamp)
+    except Exception as err:  # noqa: BLE001  (the store went away)
+        logger.debug("no checkpoint mark read: %s", err)
+        return None
+
+
 def is_timeout(error: BaseException) -> bool:
     """True for a collective or store error that gave up waiting for another rank."""
     if not isinstance(error, (RuntimeError, dist.DistError)):
@@ -95,11 +139,15 @@ def diagnose_timeout(rank: int, world_size: int, grace_s: float = GRACE_S,
             time.sleep(0.2)
         if not silent:
             return None  # every rank timed out: a collective mismatch, not a hung rank
+        writing = {r: checkpoint_in_progress(r, store) for r in silent}
         now = time.time()
         parts = []
         for r in silent:
             key = _PROGRESS_KEY.format(rank=r)
-            if store.check([key]):
+            if writing[r] is not None:
+                iteration, age = writing[r]
+                parts.append(f"rank {r} (writing the checkpoint of iteration {iteration} for {age:.0f} s)")
+            elif store.check([key]):
                 iteration, stamp = store.get(key).decode().split()
                 parts.append(f"rank {r} (last progress: iteration {iteration}, {now - float(stamp):.0f} s ago)")
             else:
@@ -108,6 +156,12 @@ def diagnose_timeout(rank: int, world_size: int, grace_s: float = GRACE_S,
         logger.debug("no timeout diagnosis: %s", err)
         return None
     one = len(parts) == 1
+    if all(w is not None for w in writing.values()):
+        # The ranks wait for a due checkpoint in the checkpoint barrier, not in a collective: a rank writes one while
+        # the others are in a collective only after its own failure (the crash checkpoint).
+        return (f"{', '.join(parts)} {'is' if one else 'are'} writing a checkpoint, not hung; rank {rank} timed out "
+                f"waiting for {'it' if one else 'them'} in a collective (a checkpoint written then follows a failure "
+                f"of {'that rank' if one else 'those ranks'}: look at {'its' if one else 'their'} error)")
     return (f"{', '.join(parts)} {'stopped' if one else 'all stopped'} making progress (alive but not answering: "
             f"hung, stopped or swapping); rank {rank} timed out waiting for {'it' if one else 'them'} in a collective; "
             f"look at {'its stack' if one else 'their stacks'} (e.g. py-spy dump --pid PID)")

@@ -3,8 +3,9 @@
 ``Trainer.run`` reads top to bottom: restore or start, warm up, then iterate until ``num_iterations`` or
 ``num_env_steps``; a SIGTERM/SIGINT writes a checkpoint and exits, SIGUSR2 writes one and continues, a crash writes
 one (asking first only on a terminal) and re-raises, except when the crash is the disk refusing a write (a full disk,
-a quota, a read-only file system): another write would fail the same way. The parts are assembled by
-``alfish.trainer.build``.
+a quota, a read-only file system): another write would fail the same way. Under torchrun rank 0 writes the
+checkpoints and the other ranks wait for it in the checkpoint barrier (``alfish.learn.checkpoint_barrier``). The parts
+are assembled by ``alfish.trainer.build``.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from alfish.console.progress import Progress
 from alfish.console.signals import SignalRequests, confirm_checkpoint_on_crash
 from alfish.errors import NonFiniteLossError
 from alfish.evaluate.evaluator import EvaluatorPart, recorded_iterations
+from alfish.learn.checkpoint_barrier import wait_for_checkpoint, writing_checkpoint
 from alfish.learn.distributed import DistContext, any_rank, check_parameters_equal, explain_collective_timeout, shutdown
 from alfish.learn.learner import Learner
 from alfish.replay.null_replay import NullReplay
@@ -271,17 +273,25 @@ class Trainer:
             self.callbacks.after_evaluation(self, evaluation)
 
     def save_checkpoint(self) -> Optional[str]:
-        """Write a checkpoint (rank 0 only; the ranks hold the same model). Returns its path."""
-        if not self.dist.is_main:
-            return None
+        """Write a checkpoint. Every rank calls it at the same point (the ranks agree on when): rank 0 writes it (the
+        ranks hold the same model), and the others wait for it in the checkpoint barrier, which allows for a long
+        write, rather than in the next collective, which would take it for a hung rank
+        (``alfish.learn.checkpoint_barrier``). Returns its path on rank 0, None on the others."""
+        path = self._write_checkpoint() if self.dist.is_main else None
+        wait_for_checkpoint(self.dist, self.counters.iteration)
+        return path
+
+    def _write_checkpoint(self) -> str:
+        """Rank 0's write of a checkpoint (the job's store says it is writing meanwhile); returns its path."""
         self.learner.check_finite()  # never save a model a non-finite update may have touched
-        tensors, meta = checkpoint_contents(
-            self.checkpointed_parts(with_replay=self.options.save_replay_buffer), self.seed,
-            world_size=self.dist.world_size,
-            collector_state=self.collector.state_dict() if self.dist.world_size == 1 else None,
-            pending_evaluations=self.evaluator.pending())
-        with critical_section():  # a hard exit (watchdog, second signal) waits for the rename into place
-            path = self.checkpointer.save(self.counters.iteration, tensors, meta)
+        with writing_checkpoint(self.dist, self.counters.iteration):
+            tensors, meta = checkpoint_contents(
+                self.checkpointed_parts(with_replay=self.options.save_replay_buffer), self.seed,
+                world_size=self.dist.world_size,
+                collector_state=self.collector.state_dict() if self.dist.world_size == 1 else None,
+                pending_evaluations=self.evaluator.pending())
+            with critical_section():  # a hard exit (watchdog, second signal) waits for the rename into place
+                path = self.checkpointer.save(self.counters.iteration, tensors, meta)
         set_exit_note(f"the last checkpoint, {path}, is intact")
         logging.info("checkpoint written: %s", path)
         self.callbacks.after_checkpoint(self, path)
@@ -310,6 +320,6 @@ class Trainer:
         try:
             if confirm_checkpoint_on_crash(self.config.confirm_checkpoint_upon_crash, sys.stdin):
                 logging.error("training crashed (%s: %s); writing a checkpoint", type(err).__name__, err)
-                self.save_checkpoint()
+                self._write_checkpoint()  # (no checkpoint barrier: the other ranks may be anywhere after a failure)
         except Exception as save_err:  # noqa: BLE001  (the original error matters more; report both)
             logging.error("could not write a checkpoint after the crash: %s", save_err)

@@ -34,6 +34,24 @@ def test_the_rank_that_did_not_time_out_is_named_with_its_last_iteration(store):
     assert "\n" not in line
 
 
+def test_a_rank_writing_a_checkpoint_is_named_as_writing_not_as_hung(store):
+    """Rank 0 writes the crash checkpoint after its own failure while rank 1 waits in a collective: rank 1's timeout
+    names rank 0's write, not a hang; the mark goes when the write ends."""
+    heartbeat.beat(39, rank=0, store=store)
+    start = time.monotonic()
+    with heartbeat.writing_checkpoint(40, rank=0, store=store):
+        assert heartbeat.checkpoint_in_progress(0, store)[0] == 40
+        line = heartbeat.diagnose_timeout(rank=1, world_size=2, grace_s=0.3, store=store)
+    elapsed = time.monotonic() - start
+    match = re.fullmatch(r"rank 0 \(writing the checkpoint of iteration 40 for (\d+) s\) is writing a checkpoint, not "
+                         r"hung; rank 1 timed out waiting for it in a collective \(a checkpoint written then follows a "
+                         r"failure of that rank: look at its error\)", line)
+    assert match and int(match.group(1)) <= round(elapsed) + 1, line
+    assert heartbeat.checkpoint_in_progress(0, store) is None
+    assert heartbeat.diagnose_timeout(rank=1, world_size=2, grace_s=0.1, store=store).startswith(
+        "rank 0 (last progress: iteration 39, ")  # no longer writing: silent again, as a hung rank
+
+
 def test_no_rank_is_blamed_when_every_rank_timed_out(store):
     store.set("alfish/timed_out/1", "0")  # rank 1 timed out too: a mismatched collective, not a hung rank
     assert heartbeat.diagnose_timeout(rank=0, world_size=2, grace_s=0.5, store=store) is None

@@ -4,6 +4,7 @@ rank).
     torchrun --nproc_per_node=2 tests/trainer/ddp_worker.py grads OUT_DIR ALGO [DEVICE [BACKEND]]
     torchrun --nproc_per_node=2 tests/trainer/ddp_worker.py updates OUT_DIR ALGO [DEVICE [BACKEND]]
     torchrun --nproc_per_node=2 tests/trainer/ddp_worker.py train OUT_DIR CONF ROOT_DIR [BINDING ...]
+    torchrun --nproc_per_node=2 tests/trainer/ddp_worker.py slow_save OUT_DIR SECONDS PART CONF ROOT_DIR [BINDING ...]
     torchrun --nproc_per_node=2 tests/trainer/ddp_worker.py check OUT_DIR dqn
     torchrun --nproc_per_node=2 tests/trainer/ddp_worker.py normalizer OUT_DIR [DEVICE [BACKEND]]
 
@@ -14,6 +15,9 @@ updates: UPDATES Adam steps through DDP, each rank on batches of its own (rank-d
     parameters to OUT_DIR/params-rank{r}.pt.
 train: a whole Trainer run of CONF (plus gin BINDINGs) into ROOT_DIR; writes the final parameters to
     OUT_DIR/params-rank{r}.pt (outside ROOT_DIR, which only rank 0 may write to).
+slow_save: ``train``, with every checkpoint taking SECONDS longer, as a multi-GB replay buffer on a slow disk would:
+    PART 'write' slows the write (``Checkpointer.save``, which a hard exit waits for), 'contents' the gathering of
+    what it holds (``checkpoint_contents``, which a hard exit interrupts).
 check: rank 1 nudges a parameter; the consistency check must name it.
 normalizer: each rank feeds its own observations and rewards (``ddp_batches.normalizer_batches``) through an
     observation and a reward normalizer and merges the statistics across ranks, twice; writes each round's local
@@ -143,7 +147,24 @@ def train(out_dir: str, conf: str, root_dir: str, *bindings: str) -> None:
                os.path.join(out_dir, f"params-rank{os.environ['RANK']}.pt"))
 
 
-MODES = dict(grads=grads, updates=updates, check=check, normalizer=normalizer, train=train)
+def slow_save(out_dir: str, seconds: str, part: str, conf: str, root_dir: str, *bindings: str) -> None:
+    import time
+
+    from alfish.rundir.checkpoint import Checkpointer
+    from alfish.trainer import trainer
+
+    owner, name = dict(write=(Checkpointer, "save"), contents=(trainer, "checkpoint_contents"))[part]
+    fast = getattr(owner, name)
+
+    def slow(*args, **kwargs):
+        time.sleep(float(seconds))
+        return fast(*args, **kwargs)
+
+    setattr(owner, name, slow)
+    train(out_dir, conf, root_dir, *bindings)
+
+
+MODES = dict(grads=grads, updates=updates, check=check, normalizer=normalizer, train=train, slow_save=slow_save)
 
 if __name__ == "__main__":
     MODES[sys.argv[1]](*sys.argv[2:])

@@ -1,6 +1,8 @@
 """Data-parallel training with torchrun on CPU (gloo, two processes): gradients equal a single process on the
 concatenated batch; SAC and PPO end with identical parameters on both ranks and only rank 0 writes; a killed rank
-ends the job quickly with the root cause; a hung rank is named in it; the parameter check names a differing parameter.
+ends the job quickly with the root cause; a hung rank is named in it; the parameter check names a differing parameter;
+a checkpoint write longer than the collective timeout is waited for, and one that hangs ends the job with a line
+saying so.
 
 The confs use alfish's (ALF's) per-rank settings: ``num_parallel_environments`` and ``mini_batch_size`` are each
 rank's, ``num_env_steps`` and ``initial_collect_steps`` the job's totals."""
@@ -114,6 +116,58 @@ def test_ranks_end_with_identical_parameters_and_only_rank_0_writes(tmp_path, co
     assert "[rank 1]" not in (root / "log.txt").read_text()
     assert "[rank 1]" in proc.stderr  # rank 1 did run (and logged to stderr only)
     assert sorted(os.listdir(root / "checkpoints")) == ["best"] + checkpoints  # (best: the best evaluated policy)
+
+
+SHORT_PPO = """
+create_environment.env_name = 'alfish/Chain-v0'
+create_environment.num_parallel_environments = 1
+PpoAlgorithm.hidden_sizes = (8,)
+TrainerConfig.algorithm_ctor = @PpoAlgorithm
+Trainer.num_threads = 1
+TrainerConfig.random_seed = 3
+TrainerConfig.num_iterations = 4
+TrainerConfig.unroll_length = 4
+TrainerConfig.whole_replay_buffer_training = True
+TrainerConfig.clear_replay_buffer = True
+TrainerConfig.replay_buffer_length = 8
+TrainerConfig.mini_batch_size = 2
+TrainerConfig.mini_batch_length = 1
+TrainerConfig.evaluate = False
+TrainerConfig.num_checkpoints = 1
+init_distributed.timeout_s = 3
+"""
+
+
+def test_a_checkpoint_write_longer_than_the_collective_timeout_is_waited_for_not_taken_for_a_hung_rank(tmp_path):
+    """Rank 0 takes 6 s to write the checkpoint (as a multi-GB replay buffer on a slow disk would) and the collective
+    timeout is 3 s: rank 1 waits for it in the checkpoint barrier, and the job ends normally with the checkpoint."""
+    conf, root = tmp_path / "conf.gin", tmp_path / "root"
+    conf.write_text(SHORT_PPO)
+    start = time.monotonic()
+    proc = torchrun(WORKER, "slow_save", str(tmp_path), "6", "write", str(conf), str(root))
+    check_ok(proc)
+    assert time.monotonic() - start > 6  # the write was slow
+    assert sorted(os.listdir(root / "checkpoints")) == ["ckpt-4"]
+    params = [torch.load(tmp_path / f"params-rank{r}.pt", weights_only=True) for r in (0, 1)]
+    assert all(torch.equal(params[0][name], params[1][name]) for name in params[0])
+
+
+# slow: a second 2-rank job (19 s here); tests/learn/test_checkpoint_barrier.py checks the line in the default run
+@pytest.mark.slow
+def test_a_checkpoint_write_that_hangs_still_ends_the_job_with_a_line_that_says_so(tmp_path):
+    """The checkpoint hangs (60 s here; the checkpoint timeout is 2 s): rank 1 gives up waiting for it with a one-line
+    error naming rank 0's write, and the job ends (torchrun stops rank 0: it hangs where a hard exit need not wait,
+    within ``Trainer.stop_grace_s``)."""
+    conf = tmp_path / "conf.gin"
+    conf.write_text(SHORT_PPO + "init_distributed.checkpoint_timeout_s = 2\nTrainer.stop_grace_s = 1\n")
+    start = time.monotonic()
+    proc = torchrun(WORKER, "slow_save", str(tmp_path), "60", "contents", str(conf), str(tmp_path / "root"),
+                    timeout=60)
+    assert proc.returncode != 0 and time.monotonic() - start < 50
+    assert re.search(r"\[rank1\]: alfish\.learn\.checkpoint_barrier\.CheckpointWaitError: rank 1 waited 2 s "
+                     r"\(init_distributed\.checkpoint_timeout_s\) for rank 0 to write the checkpoint of iteration 4; "
+                     r"rank 0 has been writing the checkpoint of iteration 4 for [23] s; if writes of this size take "
+                     r"longer", proc.stderr), proc.stderr[-3000:]
 
 
 SLOW = SAC.replace("'alfish/PointGoal-v0'", "'alfish/Latency-v0'").replace(
