@@ -127,7 +127,7 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         # itself would make dynamo guard on the count and recompile every update (until its recompile limit, after
         # which it silently runs eagerly).
         super()._set_updates_done(count)
-        self._actor_due = (count + 1) % self.policy_delay == 0
+        self.__dict__["_actor_due"] = (count + 1) % self.policy_delay == 0  # (not nn.Module.__setattr__: see super)
 
     def smoothing_noise(self, like: torch.Tensor) -> torch.Tensor:
         """TD3's target policy smoothing: N(0, target_policy_noise) clipped to +-target_noise_clip."""
