@@ -88,9 +88,10 @@ class CompiledLoss:
             self.compiled: Optional[nn.Module] = torch.compile(LossWithTerms(loss_module),
                                                                mode=None if mode == "default" else mode,
                                                                backend=backend)
-        except RuntimeError as err:  # an unknown mode: a conf error, not a compiler failure
-            raise OneLineValueError(f"Learner.compile_mode='{mode}': {str(err).splitlines()[0]} (or None: eager)"
-                                    ) from None
+        except RuntimeError as err:  # an unknown mode or backend: a conf error, not a compiler failure
+            setting = f"Learner.compile_mode='{mode}'"
+            setting += "" if backend == "inductor" else f", compile_backend={backend!r}"
+            raise OneLineValueError(f"{setting}: {str(err).splitlines()[0]} (or None: eager)") from None
 
     def warms_up(self, batch: Experience | HybridBatch) -> bool:
         """Whether the update on ``batch`` is one of the first ``WARM_UP_UPDATES`` compiled ones."""

@@ -37,3 +37,6 @@ def test_a_backend_needs_compiled_updates_and_the_default_mode():
     with pytest.raises(OneLineValueError, match=r"^Learner.compile_mode='max-autotune' is a mode of the inductor "
                                                 r"backend"):
         Learner(ALGORITHMS["bc"][0](), compile_mode="max-autotune", compile_backend="aot_eager")
+    with pytest.raises(OneLineValueError, match=r"^Learner.compile_mode='default', compile_backend='nonsense': "
+                                                r"Invalid backend: 'nonsense'"):
+        Learner(ALGORITHMS["bc"][0](), compile_mode="default", compile_backend="nonsense")
