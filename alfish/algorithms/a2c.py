@@ -13,7 +13,7 @@ from alfish.algorithms.base import OnPolicyAlgorithm
 from alfish.algorithms.debug_stats import explained_variance, masked_stats
 from alfish.data.types import Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
-from alfish.schedulers import Scheduler, as_scheduler
+from alfish.schedulers import Scheduler, TracedValue
 
 
 class A2cRolloutInfo(NamedTuple):
@@ -47,7 +47,7 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
             raise ValueError("A2cAlgorithm does not train a recurrent encoder (EncodingNetwork.rnn); use "
                              "PpoAlgorithm, or set EncodingNetwork.rnn = None")
         self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
-        self.value_loss_coef, self.entropy_coef = value_loss_coef, as_scheduler(entropy_coef)
+        self.value_loss_coef, self.entropy_coef = value_loss_coef, TracedValue(entropy_coef)  # read by the loss
         self.normalize_advantages = normalize_advantages
 
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
@@ -74,7 +74,7 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
         terms = self.loss_terms(exp)
         valid = (exp.step_type[:-1] != StepType.LAST).to(terms["value_loss"].dtype)
         loss = (terms["policy_loss"] + self.value_loss_coef * terms["value_loss"]
-                - self.entropy_coef() * terms["entropy"]) * valid
+                - self.entropy_coef.value() * terms["entropy"]) * valid
 
         def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
             count = valid.sum().clamp(min=1.0)

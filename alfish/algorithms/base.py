@@ -292,9 +292,18 @@ class UpdateCounter:
     _updates_done: int
 
     def _init_update_counter(self) -> None:
-        """Call once in ``__init__``, after ``nn.Module.__init__``."""
+        """Call once in ``__init__``, after ``nn.Module.__init__`` (and after what ``_set_updates_done`` reads)."""
         self.register_buffer("num_updates", torch.zeros((), dtype=torch.int64))
-        self._updates_done = 0
+        self._set_updates_done(0)
+
+    def _set_updates_done(self, count: int) -> None:
+        """Set the Python mirror of the count. A subclass that derives a decision from the count overrides it to keep
+        that decision as a small value (e.g. a bool), which compiled updates may read: torch.compile guards on the
+        Python values ``train_step`` reads, so a read of the count itself would recompile the update every step.
+
+        Written to the instance dict: ``nn.Module.__setattr__`` (which first looks for a parameter, buffer or module of
+        that name) costs ~1.5 us per write, every update."""
+        self.__dict__["_updates_done"] = count
 
     @property
     def updates_done(self) -> int:
@@ -304,7 +313,7 @@ class UpdateCounter:
     def _count_update(self) -> int:
         """Count one optimizer step on both copies; returns the new count. No host sync."""
         self.num_updates += 1  # in place on the device
-        self._updates_done += 1
+        self._set_updates_done(self._updates_done + 1)
         return self._updates_done
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
@@ -314,7 +323,7 @@ class UpdateCounter:
         # and it works when the module itself is on ``meta``. A source without values (meta) leaves the count alone.
         if (isinstance(loaded, torch.Tensor) and loaded.shape == self.num_updates.shape
                 and loaded.device.type != "meta"):
-            self._updates_done = int(loaded)
+            self._set_updates_done(int(loaded))
 
 
 class OnPolicyAlgorithm(RLAlgorithm):

@@ -119,7 +119,15 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
 
     def actor_due(self) -> bool:
         """Whether the coming optimizer step (the ``updates_done + 1``-th) trains the actor."""
-        return (self.updates_done + 1) % self.policy_delay == 0
+        return self._actor_due
+
+    def _set_updates_done(self, count: int) -> None:
+        # The delay's phase is kept as a bool, set whenever the count changes: train_step branches on it, and compiled
+        # updates (Learner.compile_mode) then keep two graphs, actor due and not due, where a branch on the count
+        # itself would make dynamo guard on the count and recompile every update (until its recompile limit, after
+        # which it silently runs eagerly).
+        super()._set_updates_done(count)
+        self.__dict__["_actor_due"] = (count + 1) % self.policy_delay == 0  # (not nn.Module.__setattr__: see super)
 
     def smoothing_noise(self, like: torch.Tensor) -> torch.Tensor:
         """TD3's target policy smoothing: N(0, target_policy_noise) clipped to +-target_noise_clip."""

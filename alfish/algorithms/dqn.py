@@ -35,7 +35,7 @@ from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, Ti
 from alfish.networks.distributions import uniform_where
 from alfish.networks.heads import EncodedHead, build_encoder
 from alfish.networks.mlp import polyak_update
-from alfish.schedulers import Scheduler, as_scheduler
+from alfish.schedulers import Scheduler, TracedValue, as_scheduler
 
 
 def n_step_targets(reward: torch.Tensor, discount: torch.Tensor, step_type: torch.Tensor,
@@ -165,7 +165,7 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self.double_q = double_q
         self.target_update_period = target_update_period
         self.tau = as_scheduler(target_update_tau)
-        self.epsilon = as_scheduler(epsilon_greedy)
+        self.epsilon = TracedValue(epsilon_greedy)  # a float when acting; its summary term is built in the loss
         self.huber_loss = huber_loss
         self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
 
@@ -277,7 +277,7 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             count = valid.sum().clamp(min=1.0)
             out = dict(td_loss=loss.detach().sum() / count,
                        q_mean=(q.detach() * valid).sum() / count,
-                       epsilon=torch.tensor(self.epsilon(), device=valid.device))
+                       epsilon=self.epsilon.tensor_value(valid.device))
             if self.debug_summaries:  # TrainerConfig.debug_summaries: Q(obs_0, action_0) and its n-step target
                 out.update(masked_stats("q", q, valid))
                 out.update(masked_stats("td_target", target, valid))

@@ -28,7 +28,7 @@ from alfish.algorithms.debug_stats import explained_variance, masked_stats
 from alfish.data import nest
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
-from alfish.schedulers import Scheduler, as_scheduler
+from alfish.schedulers import Scheduler, TracedValue
 
 
 class PpoRolloutInfo(NamedTuple):
@@ -81,8 +81,10 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         self.use_networks(actor_network_ctor, value_network_ctor)
         self.net = ActorCriticNetworks(self, hidden_sizes, activation, actor_network_ctor=actor_network_ctor,
                                        value_network_ctor=value_network_ctor)
-        self.lr, self.gamma, self.gae_lambda, self.clip_range = lr, gamma, gae_lambda, as_scheduler(clip_range)
-        self.value_loss_coef, self.entropy_coef = value_loss_coef, as_scheduler(entropy_coef)
+        self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
+        # read inside the loss: TracedValues, so that schedules do not recompile compiled updates
+        self.clip_range, self.entropy_coef = TracedValue(clip_range), TracedValue(entropy_coef)
+        self.value_loss_coef = value_loss_coef
         self.normalize_advantages = normalize_advantages
 
     @property
@@ -160,7 +162,7 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         if self.normalize_advantages:
             adv = masked_standardize(adv, valid)
         ratio = torch.exp(train_info.log_prob - old.log_prob.flatten())
-        clip = self.clip_range()
+        clip = self.clip_range.value()
         policy = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
         value = (old.value_target.flatten() - train_info.value) ** 2
         return dict(policy_loss=policy, value_loss=value, entropy=train_info.entropy, ratio=ratio, valid=valid)
@@ -170,7 +172,7 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         terms = self.loss_terms(exp, train_info)
         valid = terms["valid"]
         loss = (terms["policy_loss"] + self.value_loss_coef * terms["value_loss"]
-                - self.entropy_coef() * terms["entropy"]) * valid
+                - self.entropy_coef.value() * terms["entropy"]) * valid
 
         def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
             with torch.no_grad():
@@ -178,7 +180,7 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
                 ratio = terms["ratio"]
                 out = {k: (terms[k] * valid).sum() / count for k in ("policy_loss", "value_loss", "entropy")}
                 out["approx_kl"] = (((ratio - 1) - torch.log(ratio)) * valid).sum() / count
-                out["clip_fraction"] = (((ratio - 1).abs() > self.clip_range()).float() * valid).sum() / count
+                out["clip_fraction"] = (((ratio - 1).abs() > self.clip_range.value()).float() * valid).sum() / count
                 if self.debug_summaries:  # TrainerConfig.debug_summaries: GAE advantages before any standardizing
                     old: PpoExperienceInfo = exp.rollout_info
                     out.update(masked_stats("advantage", old.advantage.flatten(), valid, ("mean", "std")))

@@ -38,7 +38,7 @@ from alfish.networks.distributions import tanh_gaussian_sample
 from alfish.networks.ensemble import EnsembleCritic
 from alfish.networks.heads import build_encoder
 from alfish.networks.mlp import MLP, polyak_update
-from alfish.schedulers import Scheduler, as_scheduler
+from alfish.schedulers import Scheduler, TracedValue, as_scheduler
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementation
 
@@ -131,7 +131,8 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self.gamma = gamma
         self.tau = as_scheduler(target_update_tau)
         self.target_update_period = target_update_period
-        self.target_entropy = as_scheduler(-float(self.action_dim) if target_entropy is None else target_entropy)
+        # read inside the loss: a TracedValue, so that a schedule does not recompile compiled updates
+        self.target_entropy = TracedValue(-float(self.action_dim) if target_entropy is None else target_entropy)
         self._lrs = dict(actor=actor_lr, critic=critic_lr, alpha=alpha_lr)
         self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
 
@@ -286,7 +287,7 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
 
         log_prob = log_prob.detach()
         # -log_alpha * (log_prob + target_entropy), as log_alpha * (-target_entropy - log_prob): the same floats
-        alpha_loss = self.log_alpha * torch.rsub(log_prob, -self.target_entropy())
+        alpha_loss = self.log_alpha * torch.rsub(log_prob, -self.target_entropy.value())
         return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, actor_loss, alpha_loss, log_prob, q,
                                          td_target))
 
@@ -309,7 +310,7 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                 out.update(masked_stats("td_target", train_info.td_target, valid))
                 out.update(masked_stats("entropy", -train_info.log_prob, valid))
                 out["debug/alpha"] = out["alpha"]
-                out["debug/target_entropy"] = torch.tensor(float(self.target_entropy()), device=valid.device)
+                out["debug/target_entropy"] = self.target_entropy.tensor_value(valid.device)
             return out
 
         # Replay priority of each sampled sequence [B]: its transitions' mean |TD error| (recurrent: R2D2's 0.9 max +

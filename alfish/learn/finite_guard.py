@@ -55,6 +55,11 @@ class NonFiniteGuard:
         self._pending.append((update_index, loss_info, weights))
         return bad.to(torch.float32)
 
+    def forget(self, update_index: int) -> None:
+        """Drop the loss info kept of update ``update_index``, which is being redone (the Learner's eager retry of a
+        compiled update whose backward failed), so its autograd graph can be freed; the latch is left as it is."""
+        self._pending = [entry for entry in self._pending if entry[0] != update_index]
+
     def check_value(self, loss: float, loss_info: LossInfo, weights: torch.Tensor | None, update_index: int) -> None:
         """The check of a loss already read on the host (the CPU path with ``check_interval`` 1, where reading
         costs nothing and the latch's tensor ops would cost more): raise ``NonFiniteLossError`` if it is not finite,

@@ -19,32 +19,25 @@ Two entry points, one shared step:
 """
 from __future__ import annotations
 
-import logging
 from contextlib import AbstractContextManager, nullcontext
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import gin
 import torch
 from torch import nn
 
 from alfish.algorithms.base import Algorithm
-from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience, LossInfo
 from alfish.errors import NonFiniteLossError, OneLineValueError
 from alfish.learn.amp import AmpPolicy
+from alfish.learn.compiled import CompiledBackwardError, CompiledLoss, loss_terms, one_line
 from alfish.learn.diagnostics import Diagnostics, squared_norm
 from alfish.learn.distributed import DistContext, HybridBatch, allreduce_gradients, wrap_for_ddp
 from alfish.learn.finite_guard import NonFiniteGuard
 from alfish.learn.optim import OptimizerConfig
-from alfish.schedulers import split_lr_schedules, update_optimizer_lrs
+from alfish.schedulers import split_lr_schedules, traced_values, update_optimizer_lrs
 
-__all__ = ["Learner", "NonFiniteLossError", "loss_terms"]
-
-
-def loss_terms(loss_info: LossInfo) -> dict[str, torch.Tensor | float]:
-    """The named loss terms of ``loss_info.extra`` (a dict, or a zero-argument callable computing one lazily)."""
-    extra = loss_info.extra
-    return dict(extra() if callable(extra) else (extra or {}))
+__all__ = ["CompiledLoss", "Learner", "NonFiniteLossError", "loss_terms"]
 
 
 @gin.configurable(denylist=["algorithm", "optimizer_config", "amp", "dist", "device"])
@@ -66,8 +59,14 @@ class Learner:
         compile_mode: ``None`` (eager) or a ``torch.compile`` mode (``'default'``, ``'reduce-overhead'`` = CUDA graphs
             on a GPU, ``'max-autotune'``, ...) for the loss module: the forward (``train_step`` + ``calc_loss``) and,
             through AOTAutograd, its backward. The optimizer step stays eager (a fused step is one kernel) and
-            reads the learning rates as numbers, so a scheduled change recompiles nothing. If compilation fails the
-            update runs eagerly after a one-line warning.
+            reads the learning rates as numbers, so a scheduled change recompiles nothing; scheduled values the loss
+            reads are 0-d tensors filled before each update (``alfish.schedulers.TracedValue``). If compilation
+            fails, in the forward or in a backward of the first ``WARM_UP_UPDATES`` compiled updates (where the
+            backward compiles and CUDA graphs record), the update is redone eagerly and training goes on eagerly
+            after a one-line warning. Not for on-policy algorithms (A2C), whose loss is built during the unroll.
+        compile_backend: the ``torch.compile`` backend, with ``compile_mode='default'`` only (the modes are
+            inductor's): ``None`` (inductor), or e.g. ``'aot_eager'`` (no code generation: checks the graphs
+            cheaply) or a callable backend.
 
     Attributes:
         optimizer: what ``optimizer_config.build`` made (``OptimizerConfig.name``) from the algorithm's groups
@@ -84,7 +83,7 @@ class Learner:
     def __init__(self, algorithm: Algorithm, optimizer_config: OptimizerConfig | None = None,
                  amp: AmpPolicy | None = None, dist: DistContext | None = None,
                  device: Optional[torch.device] = None, finite_check_interval: Optional[int] = None,
-                 compile_mode: Optional[str] = None):
+                 compile_mode: Optional[str] = None, compile_backend: Optional[str | Callable] = None):
         if device is None:
             device = next(iter(algorithm.parameters())).device
         self.device = torch.device(device)
@@ -97,11 +96,13 @@ class Learner:
         self.optimizer = self.optimizer_config.build(groups)
         self.params: list[nn.Parameter] = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.loss_module = wrap_for_ddp(algorithm, self.dist, self.device)  # forward = the loss of a batch
-        if compile_mode == "reduce-overhead" and self.device.type != "cuda":
-            raise OneLineValueError(f"Learner.compile_mode='reduce-overhead' captures CUDA graphs, but training runs "
-                                    f"on {self.device}; use 'default' (or None) there")
         self.compile_mode = compile_mode
-        self._compute_loss = self.loss_module if compile_mode is None else CompiledLoss(self.loss_module, compile_mode)
+        self._compiled = self._compile(compile_mode, compile_backend)
+        self._compute_loss = self.loss_module if self._compiled is None else self._compiled
+        # What the compiled loss reads of the schedules: 0-d tensors, refreshed before each update (else none).
+        self._traced_values = list(traced_values(algorithm)) if self._compiled is not None else []
+        for value in self._traced_values:
+            value.track(self.device)
         self.num_updates = 0
         if finite_check_interval is None:
             finite_check_interval = 1 if self.device.type == "cpu" else 100
@@ -140,11 +141,56 @@ class Learner:
             NonFiniteLossError: when a read of the guard is due (see ``finite_check_interval``) and this or an
                 earlier update since the last read had a NaN/inf loss; this update changed nothing.
         """
+        for value in self._traced_values:  # (compiled updates only) the schedules the loss reads, as tensors
+            value.refresh()
         # A diagnosed update runs eagerly: compiled code would recompile for the hooks and the second backward.
-        compute = self.loss_module if self._diagnosed() else self._compute_loss
+        if self._diagnosed():
+            return self._forward_step(self.loss_module, batch, batch_info)
+        if self._compiled is not None and self._compiled.warms_up(batch):
+            return self._warm_up_update(batch, batch_info)
+        return self._forward_step(self._compute_loss, batch, batch_info)
+
+    def _forward_step(self, compute: Callable[[Any], LossInfo], batch: Experience | HybridBatch,
+                      batch_info: BatchInfo | None, guard_backward: bool = False) -> LossInfo:
+        """``compute(batch)`` under autocast (and the output capture of a diagnosed update), then the shared step."""
         with self.amp.autocast(), self.capturing_outputs():
             loss_info = compute(batch)
-        return self._step(loss_info, batch_info, allreduce=False)
+        return self._step(loss_info, batch_info, allreduce=False, guard_backward=guard_backward)
+
+    def _warm_up_update(self, batch: Experience | HybridBatch, batch_info: BatchInfo | None) -> LossInfo:
+        """A compiled update of the warm-up, where the backward compiles and CUDA graphs record: if its backward fails
+        (a compiler error, an out-of-memory during a capture), the update is redone eagerly on the same batch and
+        from the same random-number state (so it is the update an eager Learner would make), and training goes on
+        eagerly after one warning."""
+        try:
+            return self._forward_step(self._compiled, batch, batch_info, guard_backward=True)
+        except CompiledBackwardError as failure:
+            reason = one_line(failure.__cause__)
+        # Out of the except block, the failed update's frames (and the compiled graph they held) are gone; the guard
+        # forgets its loss, the parameters its gradients; then the compiled code and its memory are released.
+        self.finite_guard.forget(self.num_updates)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._compiled.fall_back("the compiled backward", reason)
+        return self._forward_step(self.loss_module, batch, batch_info)
+
+    def _compile(self, mode: Optional[str], backend: Optional[str | Callable]) -> Optional[CompiledLoss]:
+        """The compiled loss module for ``Learner.compile_mode`` (``None``: eager), after checking the settings."""
+        if mode is None:
+            if backend is not None:
+                raise OneLineValueError(f"Learner.compile_backend={backend!r} is set but compile_mode is None (eager "
+                                        "updates): set compile_mode='default' too, or leave compile_backend unset")
+            return None
+        if self.algorithm.on_policy:
+            raise OneLineValueError(f"Learner.compile_mode={mode!r} compiles train_step + calc_loss on a sampled "
+                                    f"batch, which {type(self.algorithm).__name__} (on-policy: its loss is built "
+                                    "while unrolling) never runs; leave compile_mode None")
+        if mode == "reduce-overhead" and self.device.type != "cuda":
+            raise OneLineValueError(f"Learner.compile_mode='reduce-overhead' captures CUDA graphs, but training runs "
+                                    f"on {self.device}; use 'default' (or None) there")
+        if backend not in (None, "inductor") and mode != "default":
+            raise OneLineValueError(f"Learner.compile_mode={mode!r} is a mode of the inductor backend, which "
+                                    f"compile_backend={backend!r} would ignore: use compile_mode='default' with it")
+        return CompiledLoss(self.loss_module, mode, backend or "inductor", self.device)
 
     def apply(self, loss_info: LossInfo, batch_info: BatchInfo | None = None) -> LossInfo:
         """One gradient step on a loss built outside the loss module (the on-policy path: ``calc_loss`` on the unroll,
@@ -169,8 +215,10 @@ class Learner:
             return nullcontext()
         return self.diagnostics.capture_outputs(self.num_updates + 1)
 
-    def _step(self, loss_info: LossInfo, batch_info: BatchInfo | None, allreduce: bool) -> LossInfo:
-        """Weighted mean of the per-sample loss ``[..., B]``, guard, backward, (all-reduce), clip, step."""
+    def _step(self, loss_info: LossInfo, batch_info: BatchInfo | None, allreduce: bool,
+              guard_backward: bool = False) -> LossInfo:
+        """Weighted mean of the per-sample loss ``[..., B]``, guard, backward, (all-reduce), clip, step.
+        ``guard_backward``: a failing backward raises ``CompiledBackwardError`` (a compiled warm-up update)."""
         weights = batch_info.importance_weights if batch_info is not None else None
         loss = self._weighted_mean(loss_info.loss, weights)
         if self._read_loss_every_update:  # the CPU default: read the loss itself (free there), no latch to keep
@@ -183,7 +231,10 @@ class Learner:
         diagnosed = self._diagnosed()
         small = self._small_batch_gradient(loss_info.loss, weights) if diagnosed else None
         self.optimizer.zero_grad(set_to_none=True)
-        self.amp.backward(loss)
+        if guard_backward:
+            self._guarded_backward(loss)
+        else:
+            self.amp.backward(loss)
         if allreduce:
             allreduce_gradients(self.params, self.dist)
         if self.dist.enabled:  # one rank's NaN reaches every rank through the all-reduce: all must skip together
@@ -201,6 +252,13 @@ class Learner:
         if diagnosed:
             self.diagnostics.measured()
         return loss_info
+
+    def _guarded_backward(self, loss: torch.Tensor) -> None:
+        """The backward of a compiled warm-up update: any failure becomes a ``CompiledBackwardError``."""
+        try:
+            self.amp.backward(loss)
+        except Exception as err:  # noqa: BLE001  (the compiler's, or an out-of-memory in a CUDA-graph capture)
+            raise CompiledBackwardError("the compiled backward failed") from err
 
     def _small_batch_gradient(self, per_sample: torch.Tensor,
                               weights: torch.Tensor | None) -> tuple[torch.Tensor, float, int] | None:
@@ -258,6 +316,11 @@ class Learner:
 
 
     # ---------------------------------------------------------------------------------------------- summaries ----
+    def compile_stats(self) -> dict[str, Any] | None:
+        """How the compiled updates went (``CompiledLoss.stats``: still compiled, graphs, recompile limit hit);
+        ``None`` for eager updates."""
+        return None if self._compiled is None else self._compiled.stats()
+
     @property
     def last_loss(self) -> LossInfo | None:
         """The LossInfo of the last update, its ``loss`` the detached weighted mean (0-d); None before any."""
@@ -313,55 +376,3 @@ def non_finite_gradients(params: list[nn.Parameter]) -> torch.Tensor:
     if not grads:
         return torch.zeros((), device=params[0].device)
     return (~torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum())).to(torch.float32)
-
-
-class LossWithTerms(nn.Module):
-    """The loss module with its named terms evaluated inside: compiled, they are outputs of the same graph (with CUDA
-    graphs, a closure evaluated later would read buffers that the next replay has overwritten)."""
-
-    def __init__(self, loss_module: nn.Module):
-        super().__init__()
-        self.loss_module = loss_module
-
-    def forward(self, batch: Experience) -> LossInfo:
-        loss_info = self.loss_module(batch)
-        return loss_info._replace(extra=loss_terms(loss_info))
-
-
-class CompiledLoss:
-    """``torch.compile`` of the loss module (its terms included), falling back to the eager module (once, with a
-    warning) when compilation fails: a run must not die of an optimization.
-
-    With ``'reduce-overhead'`` (CUDA graphs) the outputs live in the graph's static memory, which the next replay
-    overwrites; they are cloned (the loss keeps its autograd graph through the clone), since the guard and the
-    summaries keep them past the next update.
-    """
-
-    def __init__(self, loss_module: nn.Module, mode: str, backend: str | Callable = "inductor"):
-        self.eager, self.mode = loss_module, mode
-        self.cuda_graphs = mode == "reduce-overhead"
-        try:
-            self.compiled: Optional[nn.Module] = torch.compile(LossWithTerms(loss_module),
-                                                               mode=None if mode == "default" else mode,
-                                                               backend=backend)
-        except RuntimeError as err:  # an unknown mode: a conf error, not a compiler failure
-            raise OneLineValueError(f"Learner.compile_mode='{mode}': {str(err).splitlines()[0]} (or None: eager)"
-                                    ) from None
-
-    def __call__(self, batch: Experience | HybridBatch) -> LossInfo:
-        # A HybridBatch (two forwards in one) runs eagerly, as a diagnosed update: compiled, it would be a second graph
-        if self.compiled is not None and not isinstance(batch, HybridBatch):
-            try:
-                return self._run_compiled(batch)
-            except Exception as err:  # noqa: BLE001  (any compiler failure: train eagerly instead)
-                logging.warning("Learner.compile_mode='%s': torch.compile failed (%s: %s); training eagerly",
-                                self.mode, type(err).__name__, str(err).splitlines()[0] if str(err) else "")
-                self.compiled = None
-        return self.eager(batch)
-
-    def _run_compiled(self, batch: Experience) -> LossInfo:
-        if not self.cuda_graphs:
-            return self.compiled(batch)
-        torch.compiler.cudagraph_mark_step_begin()  # a new update: the previous replay's outputs may be overwritten
-        out = self.compiled(batch)
-        return nest.map_nest(lambda x: x.clone() if isinstance(x, torch.Tensor) else x, out)

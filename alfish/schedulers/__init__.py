@@ -35,11 +35,12 @@ from alfish.schedulers.schedules import (
     as_scheduler,
     current_value,
 )
+from alfish.schedulers.traced import TracedValue, traced_values
 from alfish.schedulers.validation import ScheduleError
 
 __all__ = [
     'PROGRESS_TYPES', 'ConstantScheduler', 'CyclicalScheduler', 'ExponentialScheduler', 'LinearScheduler',
-    'ScheduleError', 'Scheduler', 'StepScheduler', 'TrainingProgress', 'as_scheduler', 'current_value', 'get_progress',
-    'progress_record', 'reset_progress', 'scheduler_summaries', 'split_lr_schedules', 'update_optimizer_lrs',
-    'update_progress',
+    'ScheduleError', 'Scheduler', 'StepScheduler', 'TracedValue', 'TrainingProgress', 'as_scheduler', 'current_value',
+    'get_progress', 'progress_record', 'reset_progress', 'scheduler_summaries', 'split_lr_schedules', 'traced_values',
+    'update_optimizer_lrs', 'update_progress',
 ]

@@ -36,6 +36,8 @@ class Scheduler:
     """
 
     _listed = True  # recorded for scheduler_summaries()
+    #: Whether the value never changes (a number given where a schedule may be; ``ConstantScheduler``).
+    constant = False
 
     def __init__(self, progress_type: str, name: str | None = None) -> None:
         cls = type(self).__name__
@@ -86,6 +88,7 @@ class _Constant(Scheduler):
     """A fixed value, not listed in `scheduler_summaries` (what `as_scheduler` makes of a number)."""
 
     _listed = False
+    constant = True
 
     def __init__(self, value: float, name: str | None = None) -> None:
         super().__init__('iterations', name)

@@ -23,7 +23,7 @@ import pytest
 import torch
 import torch._inductor.config
 
-from alfish.algorithms import DqnAlgorithm, SacAlgorithm
+from alfish.algorithms import DqnAlgorithm, SacAlgorithm, Td3Algorithm
 from alfish.learn.learner import Learner
 from alfish.learn.optim import OptimizerConfig
 from tests.integration.inprocess import eval_log, run_trainer_from_text
@@ -33,7 +33,8 @@ from tests.learn.test_meta_device import B_, BOX, DISCRETE, L_, OBS, meta_experi
 from .helpers import DEVICE, NO_FINITE_READS, ON_CUDA, device_bindings, with_values
 
 MODE = "reduce-overhead" if ON_CUDA else "default"
-ALGORITHMS = {"sac": (SacAlgorithm, BOX, L_), "dqn": (DqnAlgorithm, DISCRETE, 2)}
+# TD3: two graphs (actor due / not due), and no actor gradient on the steps it is not due, compiled as eagerly.
+ALGORITHMS = {"sac": (SacAlgorithm, BOX, L_), "dqn": (DqnAlgorithm, DISCRETE, 2), "td3": (Td3Algorithm, BOX, L_)}
 
 
 def learner(alg: torch.nn.Module, compile_mode: str | None) -> Learner:
@@ -44,8 +45,9 @@ def learner(alg: torch.nn.Module, compile_mode: str | None) -> Learner:
 
 
 def assert_compiled(compiled: Learner) -> None:
-    assert getattr(compiled._compute_loss, "compiled", None) is not None, \
-        "compilation failed and the Learner fell back to eager updates (see the logged warning)"
+    stats = compiled.compile_stats()
+    assert stats["compiled"], "compilation failed and the Learner fell back to eager updates (see the logged warning)"
+    assert not stats["recompile_limit_hit"], "dynamo hit its recompile limit and ran the update eagerly"
 
 
 def flat(params) -> torch.Tensor:

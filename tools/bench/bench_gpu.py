@@ -264,8 +264,9 @@ def describe(result: dict) -> str:
     if "error" in result:
         return f"FAILED ({result['error']})"
     if "env_steps_per_s" in result:
+        compiled = f"; {result['compile']['graphs']} graphs compiled" if "compile" in result else ""
         return (f"{result['env_steps_per_s']:.0f} env steps/s ({result['env_steps']} env steps in "
-                f"{result['seconds']:.1f} s; job {result['job_s']:.0f} s)")
+                f"{result['seconds']:.1f} s; job {result['job_s']:.0f} s{compiled})")
     return f"{result['updates_per_s']:.1f} updates/s ({result['updates']} updates in {result['seconds']:.2f} s)"
 
 
@@ -527,7 +528,13 @@ def alfish_env_steps(job: dict) -> dict:
     watch = Stopwatch(job["device"])
     time_iterations(trainer, watch, sizes.start_at * world_size, sizes.total * world_size)
     trainer.run()
-    return watch.result()
+    result = watch.result()
+    stats = trainer.learner.compile_stats()  # None unless compiled
+    if stats is not None:  # a "compiled" row must be compiled: no fallback to eager, no recompile limit hit
+        result["compile"] = stats
+        if not stats["compiled"] or stats["recompile_limit_hit"]:
+            result["error"] = f"the updates did not stay compiled: {stats}"
+    return result
 
 
 def time_iterations(trainer: Any, watch: Stopwatch, start_at: int, end_at: int) -> None:

@@ -1,0 +1,42 @@
+"""Compiled updates (``Learner.compile_mode='default'``, the cheap ``aot_eager`` backend) compile every graph an
+algorithm needs in their warm-up and never again, whatever the schedules do; see ``compiled_checks``. The GPU tier runs
+the same checks with CUDA graphs (``tests/gpu/test_no_recompile.py``)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from alfish.errors import OneLineValueError
+from alfish.learn.learner import Learner
+from tests.learn.compiled_checks import ALGORITHMS, ON_POLICY, CountingBackend, check_no_recompile
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_compiled_updates_do_not_recompile_after_the_warm_up(name):
+    check_no_recompile(name, torch.device("cpu"), "default", CountingBackend())
+
+
+@pytest.mark.parametrize("name", sorted(ON_POLICY))
+def test_an_on_policy_algorithm_refuses_compiled_updates(name):
+    with pytest.raises(OneLineValueError, match=r"^Learner.compile_mode='default' compiles train_step \+ calc_loss "
+                                                r"on a sampled batch, which A2cAlgorithm \(on-policy"):
+        Learner(ON_POLICY[name](), compile_mode="default")
+
+
+def test_a_backend_needs_compiled_updates_and_the_default_mode():
+    with pytest.raises(OneLineValueError, match=r"^Learner.compile_backend='aot_eager' is set but compile_mode is "
+                                                r"None"):
+        Learner(ALGORITHMS["bc"][0](), compile_backend="aot_eager")
+    with pytest.raises(OneLineValueError, match=r"^Learner.compile_mode='max-autotune' is a mode of the inductor "
+                                                r"backend"):
+        Learner(ALGORITHMS["bc"][0](), compile_mode="max-autotune", compile_backend="aot_eager")
+    with pytest.raises(OneLineValueError, match=r"^Learner.compile_mode='default', compile_backend='nonsense': "
+                                                r"Invalid backend: 'nonsense'"):
+        Learner(ALGORITHMS["bc"][0](), compile_mode="default", compile_backend="nonsense")
