@@ -108,9 +108,10 @@ class ReplayBuffer:
         ``importance_weights`` float32 ``[B]`` (prioritized) or ``None`` (uniform).
 
         The batch is on the storage's device, or (``on_device=True``: for callers without sample-time transformers)
-        on the training device with its info, as ``to_device`` returns them. With a host storage and a CUDA training
-        device the host batch's leaves are pinned staging buffers, overwritten by the second next ``sample``. No host
-        sync once enough steps are stored.
+        on the training device with its info, as ``to_device`` returns them (that info is the learner's: give
+        ``update_priorities`` the info of a plain ``sample`` unless the sampler keeps its indices on that device).
+        With a host storage and a CUDA training device the host batch's leaves are pinned staging buffers,
+        overwritten by the second next ``sample``. No host sync once enough steps are stored.
         """
         info = self._sampler.sample(self._storage, batch_size, length)
         steps = self._steps

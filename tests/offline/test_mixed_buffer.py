@@ -122,3 +122,22 @@ def test_priorities_of_a_mixed_sample_land_on_the_rows_each_part_drew(tmp_path):
         leaves = torch.tensor(list(expected))
         stored = (torch.tensor(list(expected.values())) + sampler.eps).pow(value_of(sampler.alpha))
         assert torch.allclose(sampler._assigned[leaves], stored)
+
+
+def test_offline_data_handing_batches_to_another_device_than_the_online_storage_is_refused(tmp_path):
+    mixture, _ = device_mixture(tmp_path, None, priority_replay=False)
+    offline_to_cpu = offline_replay_buffer(d4rl_to_steps(two_episodes()), step(0), UniformSampler(), device="cpu")
+    with pytest.raises(ValueError, match="so its buffer must hand batches to that device, not to cpu$"):
+        MixedReplayBuffer(mixture.online, offline_to_cpu)
+
+
+def test_a_mixed_sample_on_the_device_takes_its_priorities_back(tmp_path, monkeypatch):
+    mixture, _ = device_mixture(tmp_path, None, priority_replay=True)
+    received = []
+    host_trees_record(mixture.offline, received, monkeypatch)
+    seen = mixture.online.sampler._num_seen
+    _, info = mixture.sample(BATCH, LENGTH, on_device=True)
+    assert_on(info, META)
+    mixture.update_priorities(info, torch.ones(BATCH, device=META))
+    assert mixture.online.sampler._num_seen == seen + BATCH // 2
+    assert [i.positions.device for i, _ in received] == [CPU]

@@ -98,7 +98,9 @@ class MixedReplayBuffer:
 
     def sample(self, batch_size: int, length: int, on_device: bool = False) -> tuple[Experience, BatchInfo]:
         """``batch_size`` sequences ``[B, L]``: the online part's rows first, then the offline part's (see the module
-        docstring), where the online storage is. ``BatchInfo.env_ids`` of offline rows are ``num_envs + ring``."""
+        docstring), where the online storage is (``on_device``: on the training device, with its info, as
+        ``to_device`` returns them). ``BatchInfo.env_ids`` of offline rows are ``num_envs + ring``; give the info
+        returned to ``update_priorities``."""
         n_online, n_offline = self.split(batch_size)
         device = self.sample_device
         parts, infos, drawn = [], [], []
@@ -115,8 +117,10 @@ class MixedReplayBuffer:
         self.record_draw(n_online, n_offline)
         exp = parts[0] if len(parts) == 1 else nest.map_nest(lambda *x: torch.cat(x), *parts)
         info = infos[0] if len(infos) == 1 else concat_infos(infos, device)
+        if on_device:
+            exp, info = self.to_device(exp, info)
         self._last_sample, self._last_parts = info, (drawn[0], drawn[1])
-        return self.to_device(exp, info) if on_device else (exp, info)
+        return exp, info
 
     @property
     def sample_device(self) -> torch.device:
@@ -219,7 +223,8 @@ class MixedReplayBuffer:
 
 def concat_infos(infos: Sequence[BatchInfo], weight_device: torch.device) -> BatchInfo:
     """The infos of consecutive blocks of rows as one ``BatchInfo``: indices where the first block's are (its
-    sampler's), the others' host indices joining them in one non-blocking copy each (``transfer.host_to_device``);
+    sampler's), the others' (host, or there already) joining them in one non-blocking copy each
+    (``transfer.host_to_device``);
     importance weights on ``weight_device`` (the batch's), a block sampled uniformly weighing 1; ``None`` when no
     block has weights."""
     index_device = infos[0].env_ids.device
