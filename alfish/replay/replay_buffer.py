@@ -5,18 +5,27 @@ The buffer is the only thing that changes the storage, so it is the one place th
 Samples are raw and batch-major ``[B, L]``; transformers (sample view) and ``to_time_major`` take it from there.
 
 Devices. ``sample`` returns the batch where the storage is (host memory for the ``'cpu'`` and ``'mmap'`` storage
-locations, see ``storage.py``) with the sampler's indices, so the transformers that read the buffer at sample time
-work on the host as before. ``to_device(exp, batch_info)`` then moves the (transformed) batch to the training device
-given at construction: through pinned staging buffers and ``non_blocking`` copies for a CUDA device (``staging.py``),
-unchanged for a CPU device or a storage already on the device. A training step reads::
+locations, the training device for ``'device'``, see ``storage.py``) with the sampler's indices (on the host, or on
+the device for prioritized trees kept there). ``to_device(exp, batch_info)`` then moves the (transformed) batch and
+its info to the training device given at construction: through pinned staging buffers and ``non_blocking`` copies
+for a CUDA device (``staging.py``), unchanged for a CPU device or what already is on the device. A training step
+reads::
 
-    exp, info = replay.sample(B, L)                       # host batch, host indices (valid until the 2nd next sample)
+    exp, info = replay.sample(B, L)                       # batch where the storage is, the sampler's indices
     exp = transformer.transform_sample(exp, info, replay)
-    exp, dev_info = replay.to_device(exp, info)           # batch and importance weights on the training device
+    exp, dev_info = replay.to_device(exp, info)           # batch, indices and importance weights on the device
     ...learner.update(batch, dev_info)...
     replay.update_priorities(info, loss_info.priority)    # device priorities: applied one update late, no sync
+
+The transformers that read the buffer at sample time (frame stacking, hindsight) index the ring's host counters
+(oldest indices, episode ends) with the sampler's indices, so ``build.py`` gives them a sampler with host indices
+whatever the storage: that index arithmetic then never waits for the device. What they read comes back where the
+storage is (``gather_at``; one non-blocking copy of the indices for a device storage), and a host tensor they apply
+to it crosses once, through ``to_storage``.
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -99,9 +108,10 @@ class ReplayBuffer:
         ``importance_weights`` float32 ``[B]`` (prioritized) or ``None`` (uniform).
 
         The batch is on the storage's device, or (``on_device=True``: for callers without sample-time transformers)
-        on the training device, as ``to_device`` returns it. With a host storage and a CUDA training device the host
-        batch's leaves are pinned staging buffers, overwritten by the second next ``sample``. No host sync once
-        enough steps are stored.
+        on the training device with its info, as ``to_device`` returns them (that info is the learner's: give
+        ``update_priorities`` the info of a plain ``sample`` unless the sampler keeps its indices on that device).
+        With a host storage and a CUDA training device the host batch's leaves are pinned staging buffers,
+        overwritten by the second next ``sample``. No host sync once enough steps are stored.
         """
         info = self._sampler.sample(self._storage, batch_size, length)
         steps = self._steps
@@ -112,10 +122,16 @@ class ReplayBuffer:
         return self.to_device(exp, info) if on_device else (exp, info)
 
     def to_device(self, exp: Experience, batch_info: BatchInfo) -> tuple[Experience, BatchInfo]:
-        """``exp`` (a sampled and possibly transformed batch, any nest of tensors) and the importance weights of
-        ``batch_info`` on the training device (``env_ids`` / ``positions`` are left where the sampler put them). See
-        ``BatchStager.to_device``; the inputs themselves when nothing has to move."""
+        """``exp`` (a sampled and possibly transformed batch, any nest of tensors) and ``batch_info`` (indices and
+        importance weights) on the training device, for the learner; keep the ``batch_info`` given (where the sampler
+        put it) for ``update_priorities``. See ``BatchStager.to_device``; the inputs themselves when nothing has to
+        move."""
         return self._stager.to_device(exp, batch_info)
+
+    def stage(self, tree: Any) -> Any:
+        """``tree`` (any nest of tensors: a batch ``sample`` just gathered, steps read with ``gather_at``) on the
+        training device, through the same staging buffers as ``to_device``; ``tree`` itself when it is there."""
+        return self._stager.stage(tree)
 
     def update_priorities(self, batch_info: BatchInfo, priorities: torch.Tensor | tuple | None) -> None:
         """New priorities ``[B]`` for the sequences of a sample (``BatchInfo`` as ``sample`` returned it).
@@ -160,6 +176,11 @@ class ReplayBuffer:
     def gather_at(self, env_ids: torch.Tensor, index: torch.Tensor) -> Experience:
         """Steps ``[N, M]`` at absolute indices ``index`` ``[N, M]`` (readable ones) of rings ``env_ids`` ``[N]``."""
         return self._storage.gather_at(env_ids, index)
+
+    def to_storage(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (a host tensor computed from the sampler's indices) where ``gather_at`` returns steps (see
+        ``RingBuffer.to_storage``)."""
+        return self._storage.to_storage(x)
 
     def episode_end(self, env_ids: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """Absolute index of the last stored step of the episode holding step ``index`` of ring ``env_ids`` (same

@@ -213,6 +213,12 @@ class RingBuffer:
         env_id = rows.expand_as(index) if rows.device == self.device else on_storage // self.capacity
         return exp._replace(env_id=env_id)
 
+    def to_storage(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (a host tensor computed from sample indices, e.g. a transformer's mask ``[N, L]``) on the storage's
+        device, where ``gather_at`` returns steps: one non-blocking copy (``transfer.host_to_device``); ``x`` itself
+        for a host storage."""
+        return host_to_device(x, self.device)
+
     def leaf_layout(self) -> list[tuple[tuple[int, ...], torch.dtype]]:
         """``(leaf_shape, dtype)`` of every stored leaf, in storage order (empty before the first add)."""
         return [(tuple(store.shape[2:]), store.dtype) for store in self._storage or []]

@@ -12,14 +12,16 @@ changes).
 
 Where it plugs in (``ReplayBuffer``): ``sample`` gathers into the next set, and returns that host batch, so that the
 transformers that read the replay buffer at sample time (hindsight relabelling, frame stacking) run on the host with
-host indices, as before; then ``to_device(exp, batch_info)`` copies the result. A leaf the transformers left as
+host indices, as before; then ``to_device(exp, batch_info)`` copies the result and the batch's info (indices and
+importance weights: the learner gets everything on its device; the sampler keeps its own copy of the info for
+``update_priorities``). A leaf the transformers left as
 gathered is copied from its staging buffer directly; a leaf they replaced is first copied into a pinned buffer of the
 same set (one host memcpy). So the host batch that ``sample`` returns is valid until the second next ``sample``
 (its leaves are the staging buffers); copy it to keep it longer.
 
 Identity where there is nothing to stage: for a CPU (or meta) training device, or a storage already on the device,
 ``gather`` is the storage's own and ``to_device`` returns its inputs unchanged (only small leaves still on the host,
-such as importance weights from host trees, are copied, through the same pinned path).
+such as a host sampler's indices and importance weights, are copied, through the same pinned path).
 """
 from __future__ import annotations
 
@@ -93,18 +95,32 @@ class BatchStager:
         return exp
 
     def to_device(self, exp: Experience, batch_info: BatchInfo) -> tuple[Experience, BatchInfo]:
-        """``exp`` (any nest of tensors) and ``batch_info.importance_weights`` on ``device``; ``batch_info``'s
-        ``env_ids`` and ``positions`` stay where the sampler put them (they index the replay buffer, e.g. for
-        ``update_priorities``). Host leaves go through the pinned buffers of the set ``gather`` filled (or the next
-        one), one ``non_blocking`` copy each, and an event is recorded behind the copies. Returns the inputs
-        themselves when everything already is on ``device``."""
+        """``exp`` (any nest of tensors) and ``batch_info`` (indices and importance weights) on ``device``: what the
+        learner is handed. The ``batch_info`` given is not changed: it stays where the sampler put it, for
+        ``update_priorities``. Returns the inputs themselves when everything already is on ``device``."""
         leaves = nest.flatten(exp)  # (pytree's order; the structure is built only when something moved)
-        weights = batch_info.importance_weights
+        info = list(batch_info)  # env_ids, positions, importance_weights
+        moved = self._move(leaves + info)
+        if moved is None:
+            return exp, batch_info
+        return pytree.tree_unflatten(moved[:len(leaves)], pytree.tree_structure(exp)), BatchInfo(*moved[len(leaves):])
+
+    def stage(self, tree: Any) -> Any:
+        """``tree`` (any nest of tensors, e.g. a batch just gathered) on ``device``, as ``to_device`` moves a batch;
+        ``tree`` itself when everything already is there."""
+        leaves = nest.flatten(tree)
+        moved = self._move(leaves)
+        return tree if moved is None else pytree.tree_unflatten(moved, pytree.tree_structure(tree))
+
+    def _move(self, values: list) -> list | None:
+        """``values`` (tensors, or anything else, kept as it is) on ``device``; ``None`` when none had to move. Host
+        tensors go through the pinned buffers of the set ``gather`` filled (or the next one), one ``non_blocking``
+        copy each, and an event is recorded behind the copies."""
         staging, self._claimed = self._claimed, None
         copied = False
         moved = []
         device = self.device
-        for i, x in enumerate(leaves + [weights]):
+        for i, x in enumerate(values):
             if not isinstance(x, torch.Tensor) or x.device == device:
                 moved.append(x)
                 continue
@@ -120,7 +136,6 @@ class BatchStager:
         if copied:
             staging.event = torch.cuda.Event()
             staging.event.record(torch.cuda.current_stream(self.device))
-        if all(m is x for m, x in zip(moved, leaves + [weights])):
-            return exp, batch_info
-        out_exp = pytree.tree_unflatten(moved[:-1], pytree.tree_structure(exp))
-        return out_exp, batch_info._replace(importance_weights=moved[-1])
+        if all(m is x for m, x in zip(moved, values)):
+            return None
+        return moved

@@ -315,9 +315,15 @@ def build_collector(config: TrainerConfig, options: RunOptions, rank_seed: int,
 def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataTransformer,
                         devices: DevicePolicy, device: torch.device) -> ReplayBuffer:
     """Per-env rings of ``replay_buffer_length`` steps (in the memory ``DevicePolicy.replay_storage`` names),
-    sampled uniformly or by priority, handing batches to the training ``device``. The priority trees live with the
-    storage (on the device with ``'device'`` storage: the whole sample/update path stays there), except that
-    transformers which read neighbouring stored steps at sample time (frame stacking, hindsight) need host indices."""
+    sampled uniformly or by priority, handing batches (and their infos) to the training ``device``.
+
+    The priority trees live with the storage (on the device with ``'device'`` storage: the whole sample/update path
+    stays there), except when a transformer reads neighbouring stored steps at sample time (frame stacking,
+    hindsight). Those index the ring's bookkeeping, which stays on the host (oldest indices, episode ends: updated
+    by every add, read without a sync), with the sampler's indices, and hindsight decides on the host whether any row
+    is relabelled; device indices would cost a read back per sample. With host indices the only transfers are
+    non-blocking copies to the device (the gather's index, hindsight's mask: ``ReplayBuffer.to_storage``), and the
+    device priorities reach the host trees one update late without a wait (``DeferredPriorities``)."""
     scratch_dir = None
     if devices.replay_storage == "mmap":
         scratch_dir = os.path.join(config.root_dir, "replay_mmap")
@@ -325,8 +331,8 @@ def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataT
     storage = make_storage(devices.replay_storage, spec.num_envs, config.replay_buffer_length, device=device,
                            track_episode_ends=transformer.needs_episode_ends, scratch_dir=scratch_dir)
     if config.priority_replay:
-        sampler = make_prioritized_sampler(config, spec.num_envs, config.replay_buffer_length,
-                                           device=storage.device if not _reads_buffer(transformer) else "cpu")
+        trees = CPU if _reads_buffer(transformer) else storage.device
+        sampler = make_prioritized_sampler(config, spec.num_envs, config.replay_buffer_length, device=trees)
     else:
         sampler = UniformSampler()
     return ReplayBuffer(storage, sampler, device=device)

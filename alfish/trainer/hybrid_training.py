@@ -16,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
-from typing import Optional
 
 import torch
 
 from alfish.data.types import BatchInfo
 from alfish.learn.distributed import HybridBatch, merge_statistics_across_ranks
-from alfish.replay.offline.mixed import MixedReplayBuffer
+from alfish.replay.offline.mixed import MixedReplayBuffer, concat_infos
 from alfish.replay.offline.offline_buffer import OfflineReplayBuffer
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.trainer.counters import Counters
@@ -94,17 +93,14 @@ class HybridTraining(TrainingStep):
         return collected
 
     def _update(self, rl_due: bool) -> None:
-        offline = self._sample(self.offline)
-        self.last_actions = offline.batch.action, offline.batch.step_type
         if not rl_due:
+            offline = self._sample(self.offline)
+            self.last_actions = offline.batch.action, offline.batch.step_type
             loss_info = self.learner.update(offline.batch, offline.info)
             self.offline.update_priorities(offline.where, loss_info.priority)
             self._count(0, self.settings.mini_batch_size)
             return
-        online = self._sample(self.online)
-        both = BatchInfo(env_ids=torch.cat([offline.where.env_ids, online.where.env_ids]),
-                         positions=torch.cat([offline.where.positions, online.where.positions]),
-                         importance_weights=_cat_weights(offline.info, online.info))
+        offline, online, both = self.sample_both()
         loss_info = self.learner.update(HybridBatch(offline=offline.batch, online=online.batch), both)
         self.last_actions = online.batch.action, online.batch.step_type  # the online batch: rollout actions
         if isinstance(loss_info.priority, torch.Tensor):
@@ -112,6 +108,15 @@ class HybridTraining(TrainingStep):
             self.offline.update_priorities(offline.where, loss_info.priority[:n])
             self.online.update_priorities(online.where, loss_info.priority[n:])
         self._count(self.settings.mini_batch_size, self.settings.mini_batch_size)
+
+    def sample_both(self) -> tuple[Sample, Sample, BatchInfo]:
+        """An offline and an online mini-batch (in that order), and the ``BatchInfo`` the learner gets for the two
+        (offline rows first), all on the training device whatever device each sampler keeps its indices on (host
+        trees for the offline data; maybe device trees online). Priorities go back to each part with the indices its
+        own sampler drew (each ``Sample.where``)."""
+        offline = self._sample(self.offline)
+        online = self._sample(self.online)
+        return offline, online, concat_infos([offline.info, online.info], self.offline.device)
 
     def _sample(self, buffer: ReplayBuffer) -> Sample:
         return sample_batch(buffer, self.transformer, self.settings.mini_batch_size, self.settings.mini_batch_length)
@@ -128,18 +133,3 @@ class HybridTraining(TrainingStep):
         if self.mixture is not None:
             out.update(self.mixture.summary())
         return out
-
-
-def _cat_weights(first: BatchInfo, second: BatchInfo) -> Optional[torch.Tensor]:
-    if first.importance_weights is None and second.importance_weights is None:
-        return None
-
-    def weights(info: BatchInfo) -> torch.Tensor:
-        return (info.importance_weights if info.importance_weights is not None
-                else torch.ones(len(info.env_ids), device=_device_of(first, second)))
-
-    return torch.cat([weights(first), weights(second)])
-
-
-def _device_of(*infos: BatchInfo) -> torch.device:
-    return next(i.importance_weights.device for i in infos if i.importance_weights is not None)

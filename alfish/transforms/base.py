@@ -49,7 +49,12 @@ class DataTransformer(nn.Module):
 
     def transform_sample(self, exp: Experience, batch_info: BatchInfo, replay: Any) -> Experience:
         """Sample view: raw batch-major ``[B, L]`` sequences read from ``replay`` (a ``ReplayBuffer``) at
-        ``batch_info``'s rings and positions. Only buffer-reading transformers change it."""
+        ``batch_info``'s rings and positions. Only buffer-reading transformers change it.
+
+        Devices: ``exp`` and what ``replay.gather_at`` returns are where the storage is (the training device for
+        ``DevicePolicy.replay_storage='device'``); ``batch_info``'s indices and the ring's counters are on the host.
+        Index arithmetic stays on the host; tensors made to meet the data are made on its device, and a host tensor
+        that must meet it goes through ``replay.to_storage`` (one non-blocking copy)."""
         return exp
 
     def transform_experience(self, exp: Experience) -> Experience:

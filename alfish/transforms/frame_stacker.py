@@ -61,6 +61,10 @@ class FrameStacker(DataTransformer):
         return time_step._replace(observation=self._concat(state, batch_dims=1)), state
 
     def transform_sample(self, exp: Experience, batch_info: BatchInfo, replay: Any) -> Experience:
+        """Devices: the window's indices are computed on the host, from the sampler's host indices and the ring's host
+        counters (``gather_at`` sends them to the storage in one non-blocking copy); what reads the gathered steps
+        runs on their device (the storage's), with its own index tensors made there: no host tensor meets device
+        data, and nothing is read back."""
         k = self.stack_size
         if k == 1:
             return exp
@@ -70,13 +74,14 @@ class FrameStacker(DataTransformer):
         index = batch_info.positions.unsqueeze(1) + torch.arange(-(k - 1), length)
         index = torch.maximum(index, replay.oldest_index()[batch_info.env_ids].unsqueeze(1))
         past = replay.gather_at(batch_info.env_ids, index)
+        device = past.step_type.device
         # Window position of the newest episode start at or before each position (0 when none is in the window:
         # then everything from the window's start on is one episode).
-        arange = torch.arange(window)
+        arange = torch.arange(window, device=device)
         starts = torch.where(past.step_type == StepType.FIRST, arange, 0).cummax(dim=1).values  # [N, W]
         target = arange[k - 1:]  # window positions of the sequence's steps  [L]
-        frame_pos = target.unsqueeze(1) + torch.arange(-(k - 1), 1)  # [L, K], oldest first
+        frame_pos = target.unsqueeze(1) + torch.arange(-(k - 1), 1, device=device)  # [L, K], oldest first
         frame_pos = torch.maximum(frame_pos.unsqueeze(0), starts[:, target].unsqueeze(2))  # [N, L, K]
         obs = past.observation  # [N, W, *obs]
-        frames = obs[torch.arange(num).view(-1, 1, 1), frame_pos]  # [N, L, K, *obs]
+        frames = obs[torch.arange(num, device=device).view(-1, 1, 1), frame_pos]  # [N, L, K, *obs]
         return exp._replace(observation=self._concat(frames, batch_dims=2))

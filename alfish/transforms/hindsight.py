@@ -56,6 +56,11 @@ class HindsightExperienceTransformer(DataTransformer):
         self.achieved, self.desired = achieved_goal_field, desired_goal_field
 
     def transform_sample(self, exp: Experience, batch_info: BatchInfo, replay: Any) -> Experience:
+        """Devices: which rows and steps are relabelled, and from which step, is decided on the host, from the
+        sampler's host indices and the ring's host episode ends (the draws come from torch's CPU generator, as they
+        always have); the relabelling itself runs on the batch's device (the storage's). The one host tensor it
+        needs there, the ``[N, L]`` relabel mask, crosses once (``replay.to_storage``: non-blocking); nothing is
+        read back from the device."""
         num, length = exp.step_type.shape[:2]
         env_ids, start = batch_info.env_ids, batch_info.positions
         relabel = torch.rand(num) < self.her_proportion  # [N]
@@ -67,7 +72,7 @@ class HindsightExperienceTransformer(DataTransformer):
         future = torch.minimum(future, episode_end)  # rand() < 1, but float rounding must not step past the end
         new_goal = replay.gather_at(env_ids, future.unsqueeze(1)).observation[self.achieved]  # [N, 1, goal]
         index = start.unsqueeze(1) + torch.arange(length)  # [N, L]
-        mask = relabel.unsqueeze(1) & (index <= episode_end.unsqueeze(1))  # same episode only
+        mask = replay.to_storage(relabel.unsqueeze(1) & (index <= episode_end.unsqueeze(1)))  # same episode only
         obs = dict(exp.observation)
         goal_mask = mask.view(mask.shape + (1,) * (obs[self.desired].dim() - 2))
         obs[self.desired] = torch.where(goal_mask, new_goal.to(obs[self.desired].dtype), obs[self.desired])

@@ -13,10 +13,17 @@ from alfish.config import TrainerConfig, load_conf
 from alfish.data.types import LossInfo
 from alfish.learn.distributed import sum_losses
 from alfish.replay.offline.alfish_format import write_dataset
+from alfish.replay.offline.options import OfflineOptions
 from alfish.replay.offline.sources import load_offline_data
 from alfish.trainer.build import build_trainer
+from alfish.trainer.counters import Counters
+from alfish.trainer.hybrid_training import HybridTraining
+from alfish.trainer.offline_parts import build_offline_training_step
+from alfish.trainer.training import StepParts
 from tests.integration.inprocess import tb_scalars
 from tests.offline.datasets import point_goal_expert, rollouts
+from tests.offline.device_offline import device_mixture, host_trees_record
+from tests.replay.device_parts import BATCH, LENGTH, META, READERS, assert_on, replay_config
 
 SAC = """
 create_environment.env_name = 'alfish/PointGoal-v0'
@@ -156,3 +163,46 @@ def test_hybrid_rlpd_with_async_unroll(tmp_path, expert_npz):
                                     "TrainerConfig.initial_collect_steps=4"])
     assert trainer.run() == 0
     assert trainer.replay.drawn.tolist() == [5 * 8, 5 * 8] and trainer.counters.env_steps >= 5 + 4
+
+
+# ------------------------------------------------------ the online storage on the training device (meta here) ---
+
+class RecordingLearner:
+    """Stands in for the Learner (which needs values): records what each update is handed and returns a priority
+    per row on the batch's device."""
+
+    def __init__(self):
+        self.updates = []
+
+    def update(self, batch, batch_info):
+        self.updates.append((batch, batch_info))
+        return LossInfo(loss=torch.zeros((), device=META), priority=torch.ones(len(batch_info.env_ids), device=META))
+
+
+@pytest.mark.parametrize("reader", [None, *sorted(READERS)])
+def test_alf_hybrid_update_with_device_storage_and_prioritized_replay_is_on_the_device(tmp_path, monkeypatch, reader):
+    """ALF's scheme with ``replay_storage='device'`` and prioritized replay, assembled as the trainer does it: the
+    offline and the online batch, and the one ``BatchInfo`` of both, reach the learner on the device; each part's
+    priorities go to its own sampler (device trees online without a buffer reader; host trees otherwise, whose
+    device priorities are recorded here: see ``host_trees_record``)."""
+    mixture, transformer = device_mixture(tmp_path, reader, priority_replay=True, mixing="separate")
+    learner = RecordingLearner()
+    parts = StepParts(collector=None, learner=learner, algorithm=None, transformer=transformer)
+    training = build_offline_training_step(replay_config(tmp_path, True), OfflineOptions(), parts, mixture,
+                                           Counters(), total_envs=2)
+    assert isinstance(training, HybridTraining)
+    received = {"offline": [], "online": []}
+    host_trees_record(mixture.offline, received["offline"], monkeypatch)
+    if reader is not None:
+        host_trees_record(mixture.online, received["online"], monkeypatch)
+    seen = mixture.online.sampler._num_seen
+    training._update(rl_due=True)
+    [(batch, info)] = learner.updates
+    assert_on(batch, META)
+    assert_on(info, META)
+    assert batch.offline.step_type.shape == batch.online.step_type.shape == (LENGTH, BATCH)  # time-major
+    assert info.env_ids.shape == info.importance_weights.shape == (2 * BATCH,)
+    online_applied = mixture.online.sampler._num_seen - seen
+    assert online_applied + sum(len(p) for _, p in received["online"]) == BATCH
+    [(offline_info, priorities)] = received["offline"]
+    assert offline_info.positions.device == torch.device("cpu") and priorities.shape == (BATCH,)

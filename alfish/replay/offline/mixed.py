@@ -8,10 +8,19 @@ sequences drawn from each part are checkpointed, so the figure continues across 
 The offline rings are addressed as envs ``num_online_envs ..`` of the mixture: transformers that read neighbouring
 stored steps (frame stacking, hindsight) call ``gather_at`` / ``episode_end`` / ``oldest_index`` with the batch's
 ``env_ids`` and are routed to the right part. Online steps are added to, and cleared from, the online part only.
+
+Devices. The offline data always lives on the host; the online rings may live on the training device
+(``DevicePolicy.replay_storage='device'``). A mixed sample is where the online storage is: the offline rows are
+gathered into the offline buffer's pinned staging buffers and copied there, one non-blocking copy per field
+(``ReplayBuffer.stage``), before the two parts are joined, and so are the offline steps that the transformers read
+(``gather_at``). The sample's ``BatchInfo`` keeps its indices where the online sampler keeps them (the host, or the
+device for prioritized trees there), the offline sampler's host indices joining them in one non-blocking copy, and
+its importance weights with the batch. ``update_priorities`` hands each part's sampler the indices that sampler
+drew, on its own device, so no index is read back from the device.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -20,6 +29,7 @@ from alfish.data.types import BatchInfo, Experience
 from alfish.replay.offline.offline_buffer import OfflineReplayBuffer
 from alfish.replay.replay_buffer import ReplayBuffer
 from alfish.replay.ring_buffer import RingBuffer
+from alfish.replay.transfer import host_to_device
 from alfish.schedulers import Scheduler, as_scheduler
 
 
@@ -35,8 +45,15 @@ class MixedReplayBuffer:
     def __init__(self, online: ReplayBuffer, offline: OfflineReplayBuffer, offline_fraction: float | Scheduler = 0.5):
         self.online, self.offline = online, offline
         self.offline_fraction = as_scheduler(offline_fraction)
+        if offline.storage.device != online.storage.device and offline.device != online.storage.device:
+            raise ValueError(f"the offline data (on {offline.storage.device}) is mixed into samples of the online "
+                             f"storage on {online.storage.device}, so its buffer must hand batches to that device, "
+                             f"not to {offline.device}")
         self.drawn = torch.zeros(2, dtype=torch.int64)  # sequences drawn so far: [online, offline]
         self._last_split: Optional[tuple[int, int]] = None  # (online rows, offline rows) of the last sample
+        # The last sample's BatchInfo, and each part's as its sampler drew it (for update_priorities).
+        self._last_sample: Optional[BatchInfo] = None
+        self._last_parts: tuple[Optional[BatchInfo], Optional[BatchInfo]] = (None, None)
 
     # --------------------------------------------------------------------------------- as the online buffer ----
     @property
@@ -81,19 +98,34 @@ class MixedReplayBuffer:
 
     def sample(self, batch_size: int, length: int, on_device: bool = False) -> tuple[Experience, BatchInfo]:
         """``batch_size`` sequences ``[B, L]``: the online part's rows first, then the offline part's (see the module
-        docstring). ``BatchInfo.env_ids`` of offline rows are ``num_envs + ring``."""
+        docstring), where the online storage is (``on_device``: on the training device, with its info, as
+        ``to_device`` returns them). ``BatchInfo.env_ids`` of offline rows are ``num_envs + ring``; give the info
+        returned to ``update_priorities``."""
         n_online, n_offline = self.split(batch_size)
-        parts, infos = [], []
+        device = self.sample_device
+        parts, infos, drawn = [], [], []
         for buffer, n, first_env in ((self.online, n_online, 0), (self.offline, n_offline, self.num_envs)):
             if n == 0:
+                drawn.append(None)
                 continue
             exp, info = buffer.sample(n, length)
+            if buffer.storage.device != device:  # the host offline data next to a device storage
+                exp = buffer.stage(exp)
+            drawn.append(info)
             parts.append(exp)
             infos.append(info._replace(env_ids=info.env_ids + first_env) if first_env else info)
         self.record_draw(n_online, n_offline)
         exp = parts[0] if len(parts) == 1 else nest.map_nest(lambda *x: torch.cat(x), *parts)
-        info = infos[0] if len(infos) == 1 else _cat_infos(infos)
-        return self.to_device(exp, info) if on_device else (exp, info)
+        info = infos[0] if len(infos) == 1 else concat_infos(infos, device)
+        if on_device:
+            exp, info = self.to_device(exp, info)
+        self._last_sample, self._last_parts = info, (drawn[0], drawn[1])
+        return exp, info
+
+    @property
+    def sample_device(self) -> torch.device:
+        """Where samples (and the steps transformers read) are: the online storage's device."""
+        return self.online.storage.device
 
     def record_draw(self, n_online: int, n_offline: int) -> None:
         """Count a batch of ``n_online`` + ``n_offline`` sequences (``HybridTraining`` samples the parts itself)."""
@@ -104,17 +136,19 @@ class MixedReplayBuffer:
         return self.online.to_device(exp, batch_info)
 
     def update_priorities(self, batch_info: BatchInfo, priorities) -> None:
-        """Split ``priorities [B]`` of the last sample between the two parts (each ignores them if not
-        prioritized)."""
+        """Split ``priorities [B]`` of the last sample (``batch_info``: the info it returned) between the two parts
+        (each ignores them if not prioritized), each with the indices its sampler drew, on that sampler's device."""
         if priorities is None or (isinstance(priorities, tuple) and not priorities):
             return
-        n_online, n_offline = self._last_split
-        ids, positions = batch_info.env_ids, batch_info.positions
-        if n_online:
-            self.online.update_priorities(BatchInfo(ids[:n_online], positions[:n_online]), priorities[:n_online])
-        if n_offline:
-            self.offline.update_priorities(BatchInfo(ids[n_online:] - self.num_envs, positions[n_online:]),
-                                           priorities[n_online:])
+        if batch_info is not self._last_sample:
+            raise ValueError("MixedReplayBuffer.update_priorities takes the priorities of its last sample, with the "
+                             "BatchInfo that sample returned")
+        n_online = self._last_split[0]
+        online, offline = self._last_parts
+        if online is not None:
+            self.online.update_priorities(online, priorities[:n_online])
+        if offline is not None:
+            self.offline.update_priorities(offline, priorities[n_online:])
 
     def gather_all(self):
         raise RuntimeError("whole-buffer training (TrainerConfig.whole_replay_buffer_training) cannot mix offline data "
@@ -134,7 +168,16 @@ class MixedReplayBuffer:
         return self.gather_at(env_ids, positions.unsqueeze(1) + torch.arange(length))
 
     def gather_at(self, env_ids: torch.Tensor, index: torch.Tensor) -> Experience:
-        return self._route(env_ids, index, lambda buffer, ids, idx: buffer.gather_at(ids, idx))
+        """Steps where samples are (``sample_device``): the offline part's are staged there."""
+        return self._route(env_ids, index, lambda buffer, ids, idx: self._on_sample_device(buffer,
+                                                                                           buffer.gather_at(ids, idx)))
+
+    def to_storage(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (a host tensor computed from sample indices) where ``gather_at`` returns steps."""
+        return self.online.to_storage(x)
+
+    def _on_sample_device(self, buffer: ReplayBuffer, steps: Experience) -> Experience:
+        return steps if buffer.storage.device == self.sample_device else buffer.stage(steps)
 
     def episode_end(self, env_ids: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         return self._route(env_ids, index, lambda buffer, ids, idx: buffer.episode_end(ids, idx))
@@ -150,7 +193,8 @@ class MixedReplayBuffer:
         first = read(self.online, env_ids[on], index[on])
         second = read(self.offline, env_ids[off] - self.num_envs, index[off])
         order = torch.argsort(torch.cat([on, off]))
-        return nest.map_nest(lambda a, b: torch.cat([a, b]).index_select(0, order.to(a.device)), first, second)
+        return nest.map_nest(lambda a, b: torch.cat([a, b]).index_select(0, host_to_device(order, a.device)), first,
+                             second)
 
     # ------------------------------------------------------------------------------------------ summaries ----
     def summary(self) -> dict[str, float]:
@@ -177,11 +221,21 @@ class MixedReplayBuffer:
         self.drawn = state["drawn"].clone()
 
 
-def _cat_infos(infos: list[BatchInfo]) -> BatchInfo:
-    weights = [i.importance_weights for i in infos]
-    if all(w is None for w in weights):
-        merged = None
-    else:  # a part sampled uniformly weighs its samples 1
-        merged = torch.cat([w if w is not None else torch.ones(len(i.env_ids)) for w, i in zip(weights, infos)])
-    return BatchInfo(env_ids=torch.cat([i.env_ids for i in infos]), positions=torch.cat([i.positions for i in infos]),
-                     importance_weights=merged)
+def concat_infos(infos: Sequence[BatchInfo], weight_device: torch.device) -> BatchInfo:
+    """The infos of consecutive blocks of rows as one ``BatchInfo``: indices where the first block's are (its
+    sampler's), the others' (host, or there already) joining them in one non-blocking copy each
+    (``transfer.host_to_device``);
+    importance weights on ``weight_device`` (the batch's), a block sampled uniformly weighing 1; ``None`` when no
+    block has weights."""
+    index_device = infos[0].env_ids.device
+
+    def cat(tensors: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+        return torch.cat([host_to_device(x, device) for x in tensors])
+
+    env_ids = cat([i.env_ids for i in infos], index_device)
+    positions = cat([i.positions for i in infos], index_device)
+    if all(i.importance_weights is None for i in infos):
+        return BatchInfo(env_ids=env_ids, positions=positions)
+    weights = [i.importance_weights if i.importance_weights is not None
+               else torch.ones(len(i.env_ids), device=weight_device) for i in infos]
+    return BatchInfo(env_ids=env_ids, positions=positions, importance_weights=cat(weights, weight_device))
