@@ -4,7 +4,9 @@ exit status is 1; the report has one row per check, the machine and the benchmar
 
 The default tier runs the command with the real checks that take no time on the CPU and one pointed at a missing
 file; the whole CPU pass (every check at its smallest size: 1-2 minutes here) is in the slow tier."""
+import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import pathlib
@@ -13,6 +15,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 from alfish.tools import gpu_check
 from alfish.tools.gpu_check_checks import NAMES, SEPARATE_GPU_TESTS, Check
@@ -142,3 +145,37 @@ def test_the_whole_cpu_run_passes_or_skips_every_check(tmp_path):
         else:
             assert check["status"] in (PASS, SKIP), f"{check['name']}: {check['detail']}\n{check['tail']}"
     assert proc.returncode == (1 if any(c["status"] == FAIL for c in doc["checks"]) else 0), proc.stderr
+
+
+# ----------------------------------------------------------------------------------- tools/bench/bench_gpu.py ---
+
+def bench_gpu(path: pathlib.Path = REPO / "tools" / "bench" / "bench_gpu.py"):
+    """tools/bench/bench_gpu.py as a module (a script, not a package: loaded from its file)."""
+    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gpu"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bench_synchronizes_the_gpu_it_times_not_the_current_one(monkeypatch):
+    bench, synced = bench_gpu(), []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(device))
+    for device in ("cuda:1", "cuda", "cpu"):
+        bench.Stopwatch(device).mark_start(0)
+    assert synced == [torch.device("cuda:1"), torch.device("cuda")]  # 'cuda': the current GPU; the CPU: nothing
+
+
+def test_the_bench_writes_its_figures_as_json_for_the_report(tmp_path):
+    bench = bench_gpu()
+    args = argparse.Namespace(json=str(tmp_path / "bench.json"), quick=True)
+    results = {"env_steps": {"sac": {"tf32": {"runs": [], "skipped": "TF32 needs a CUDA GPU (Ampere or newer)"}}},
+               "updates": {}, "ddp": {1: {"runs": [10.0], "median": 10.0}}}
+    bench.write_json(args, {"device": "CPU (2 cores)"}, results)
+    doc = json.loads((tmp_path / "bench.json").read_text())
+    assert doc["complete"] is False and doc["leanrl_h100"] == {"sac": 725, "td3": 936, "ppo": 1774}
+    assert doc["results"]["ddp"] == {"1": {"runs": [10.0], "median": 10.0}} and doc["sizes"]["sac"]["steps"] == 300
+    assert doc["results"]["env_steps"]["sac"]["tf32"]["skipped"].startswith("TF32 needs")
+    assert bench.alfish_conf(dict(device="cuda", seed=0, threads=0, algo="sac", variant="tf32",
+                                  sizes=dict(learning_starts=1, warmup=1, steps=1)), 1).endswith(
+        "DevicePolicy.matmul_precision = 'high'\n")
