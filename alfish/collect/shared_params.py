@@ -98,8 +98,8 @@ class ParamBlock:
         Host tensors are copied straight into the block, one ``memcpy`` each. Tensors on a device (the trainer's GPU)
         are packed there into one byte vector and cross to the host in ONE copy, before the lock is taken (the copy
         waits for the device's queued work; the reader need not wait with it)."""
-        flats = [byte_view(tensors[name]) for name, _, _ in self.layout]
-        packed = None if all(f.device.type == "cpu" for f in flats) else self._to_host(pack(flats))
+        source = [tensors[name] for name, _, _ in self.layout]
+        packed = None if all(t.is_cpu for t in source) else self._to_host(pack([byte_view(t) for t in source]))
         view = self._view()
         deadline = time.monotonic() + LOCK_TIMEOUT_S
         while not self.shared.lock.acquire(timeout=POLL_S):
@@ -108,8 +108,8 @@ class ParamBlock:
                                        f"{LOCK_TIMEOUT_S} s")
         try:
             if packed is None:
-                for (_, offset, nbytes), flat in zip(self.layout, flats):
-                    view[offset:offset + nbytes] = flat.numpy()
+                for (_, offset, nbytes), tensor in zip(self.layout, source):
+                    view[offset:offset + nbytes] = byte_view(tensor).numpy()
             else:
                 view[:packed.numel()] = packed.numpy()
             self.shared.progress[:] = list(progress)
