@@ -53,6 +53,8 @@ CHECKOUT_FILES = ("tests/gpu", "confs/sac_pendulum.gin", "tools/bench/bench_gpu.
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parse_args(argv)
     try:
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", args.device):
+            raise ToolError(f"--device {args.device}: use 'cuda', 'cuda:N' or 'cpu'")
         repo = checkout(args.repo)
         names = selected(args.only, args.skip)
         path_md = report_path(args.report)
