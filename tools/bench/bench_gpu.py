@@ -212,7 +212,11 @@ def run_worker(job: dict, launcher: Optional[list[str]] = None) -> dict:
     """Run one job in a fresh process (``launcher``: e.g. torchrun) and return its RESULT, or ``{'error': ...}``."""
     cmd = (launcher or [sys.executable]) + [os.path.abspath(__file__), "--worker", json.dumps(job)]
     try:
-        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+        # The worker's sys.path starts at tools/bench: without REPO on PYTHONPATH it would import whichever alfish is
+        # installed, not this checkout's.
+        pythonpath = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S,
+                             env=dict(os.environ, PYTHONPATH=pythonpath))
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {WORKER_TIMEOUT_S} s"}
     for line in out.stdout.splitlines():
