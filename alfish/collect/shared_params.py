@@ -47,6 +47,18 @@ def layout_of(tensors: dict[str, torch.Tensor]) -> tuple[list[tuple[str, int, in
     return layout, offset
 
 
+def byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor``'s bytes as a flat uint8 tensor on its device (a view when it is contiguous; no gradient)."""
+    return tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+
+
+def pack(flats: list[torch.Tensor]) -> torch.Tensor:
+    """The byte vectors ``flats`` (``byte_view``s, in the layout's order) as one uint8 vector on the device of the
+    first that is not on the host: the block's bytes, ready for one copy to the host. Any dtype mix packs alike."""
+    device = next((f.device for f in flats if f.device.type != "cpu"), torch.device("cpu"))
+    return torch.cat([f.to(device) for f in flats])
+
+
 class SharedParams:
     """The pieces that exist before the block: version, progress (iterations, env steps, fraction of the run) and the
     lock. Passed to the child at spawn."""
@@ -73,6 +85,7 @@ class ParamBlock:
                 raise AsyncUnrollError(f"the shared parameter block holds {self.memory.size} bytes, the child's "
                                        f"rollout policy needs {size}: the two sides built different algorithms")
         self.name = self.memory.name
+        self._staging: Optional[torch.Tensor] = None  # pinned host bytes of a publish from CUDA (see _to_host)
 
     def _view(self) -> np.ndarray:
         return np.ndarray((self.memory.size,), dtype=np.uint8, buffer=self.memory.buf)
@@ -80,7 +93,13 @@ class ParamBlock:
     def write(self, tensors: dict[str, torch.Tensor], progress: tuple[float, float, float],
               keep_waiting: Callable[[], bool] = lambda: True) -> int:
         """Publish ``tensors`` as the next version; returns it. While the lock is held by the reader, ``keep_waiting``
-        is asked every ``POLL_S`` (it may raise: a reader killed while holding the lock never releases it)."""
+        is asked every ``POLL_S`` (it may raise: a reader killed while holding the lock never releases it).
+
+        Host tensors are copied straight into the block, one ``memcpy`` each. Tensors on a device (the trainer's GPU)
+        are packed there into one byte vector and cross to the host in ONE copy, before the lock is taken (the copy
+        waits for the device's queued work; the reader need not wait with it)."""
+        source = [tensors[name] for name, _, _ in self.layout]
+        packed = None if all(t.is_cpu for t in source) else self._to_host(pack([byte_view(t) for t in source]))
         view = self._view()
         deadline = time.monotonic() + LOCK_TIMEOUT_S
         while not self.shared.lock.acquire(timeout=POLL_S):
@@ -88,14 +107,25 @@ class ParamBlock:
                 raise AsyncUnrollError(f"could not publish parameters: the shared lock was held for "
                                        f"{LOCK_TIMEOUT_S} s")
         try:
-            for name, offset, nbytes in self.layout:
-                flat = tensors[name].detach().contiguous().reshape(-1).view(torch.uint8)
-                view[offset:offset + nbytes] = flat.cpu().numpy()  # from a GPU: one copy per tensor per publish
+            if packed is None:
+                for (_, offset, nbytes), tensor in zip(self.layout, source):
+                    view[offset:offset + nbytes] = byte_view(tensor).numpy()
+            else:
+                view[:packed.numel()] = packed.numpy()
             self.shared.progress[:] = list(progress)
             self.shared.version.value += 1
             return self.shared.version.value
         finally:
             self.shared.lock.release()
+
+    def _to_host(self, packed: torch.Tensor) -> torch.Tensor:
+        """``packed`` (uint8 ``[size]`` on a device) in host memory, in one device-to-host copy: into a pinned staging
+        buffer from CUDA (a direct DMA, kept for the next publish), else with ``.cpu()``."""
+        if packed.device.type != "cuda":
+            return packed.cpu()
+        if self._staging is None or self._staging.numel() != packed.numel():
+            self._staging = torch.empty(packed.numel(), dtype=torch.uint8, pin_memory=True)
+        return self._staging.copy_(packed)  # blocking: the bytes are there when it returns
 
     def read_into(self, tensors: dict[str, torch.Tensor],
                   keep_waiting: Callable[[], bool] = lambda: True) -> Optional[tuple[int, tuple[float, ...]]]:

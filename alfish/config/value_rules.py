@@ -175,6 +175,7 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     'DevicePolicy.device': OneOf(('auto', 'cpu', 'cuda'), pattern=r'cuda:\d+', pattern_text='cuda:N'),
     'DevicePolicy.rollout_device': OneOf(('auto', 'cpu', 'cuda'), pattern=r'cuda:\d+', pattern_text='cuda:N'),
     'DevicePolicy.replay_storage': OneOf('alfish.learn.device:REPLAY_STORAGES'),
+    'DevicePolicy.matmul_precision': OneOf('alfish.learn.device:MATMUL_PRECISIONS'),
     'AmpPolicy.dtype': OneOf('alfish.learn.amp:DTYPES'),
     'AmpPolicy.max_consecutive_skips': AT_LEAST_ONE,
     'init_distributed.backend': OneOf('alfish.learn.distributed:BACKENDS'),

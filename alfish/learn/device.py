@@ -3,6 +3,7 @@
     DevicePolicy.device = 'auto'          # training: 'auto' | 'cpu' | 'cuda' | 'cuda:N'
     DevicePolicy.rollout_device = 'cpu'   # the async unroll child's and the evaluator's policy copy
     DevicePolicy.replay_storage = 'cpu'   # 'cpu' | 'mmap' (host memory) | 'device' (buffers that fit)
+    DevicePolicy.matmul_precision = None  # float32 matmuls: None (torch's setting) | 'highest' | 'high' | 'medium'
 
 Under torchrun each rank trains on ``cuda:(LOCAL_RANK % device_count())`` (one GPU per task under SLURM gives
 ``LOCAL_RANK % 1 == 0``). The trainer's own process acts with the algorithm itself, so a synchronous unroll acts on the
@@ -19,6 +20,7 @@ import torch
 from alfish.errors import OneLineValueError
 
 REPLAY_STORAGES = ("cpu", "mmap", "device")
+MATMUL_PRECISIONS = ("highest", "high", "medium")  # torch.set_float32_matmul_precision's values
 CPU = torch.device("cpu")
 
 
@@ -27,25 +29,39 @@ CPU = torch.device("cpu")
 class DevicePolicy:
     """Where things live. ``device``: training (modules, optimizer state, target networks, normalizer statistics,
     the AMP scaler). ``rollout_device``: policy copies acting in other processes (async unroll child) and the
-    evaluator. ``replay_storage``: the replay buffer's memory."""
+    evaluator. ``replay_storage``: the replay buffer's memory.
+
+    ``matmul_precision``: the internal precision of float32 matmuls and convolutions in the training process
+    (``torch.set_float32_matmul_precision``, set with the training device): ``'highest'`` (full float32), ``'high'``
+    (TF32 tensor cores on Ampere and newer GPUs: several times the fp32 rate, 10-bit mantissa products, float32
+    accumulation) or ``'medium'`` (bf16 products where the hardware has them). ``None`` leaves torch's process-wide
+    setting as it is (torch's default is ``'highest'``). The async unroll and evaluation children act in full
+    precision: their matmuls are a policy at the batch of a few envs, too small for TF32 to matter."""
 
     device: str = "auto"
     rollout_device: str = "cpu"
     replay_storage: str = "cpu"
+    matmul_precision: str | None = None
 
     def __post_init__(self) -> None:
         if self.replay_storage not in REPLAY_STORAGES:
             raise OneLineValueError(f"DevicePolicy.replay_storage='{self.replay_storage}' must be one of "
                                     f"{list(REPLAY_STORAGES)}")
+        if self.matmul_precision is not None and self.matmul_precision not in MATMUL_PRECISIONS:
+            raise OneLineValueError(f"DevicePolicy.matmul_precision={self.matmul_precision!r} must be one of "
+                                    f"{list(MATMUL_PRECISIONS)} ('high': TF32 on Ampere+ GPUs) or None (torch's "
+                                    "setting, 'highest' by default)")
 
     def training_device(self, local_rank: int | None = None) -> torch.device:
         """The training device of this process (``local_rank``: its rank on the node under torchrun; ``None`` reads
-        ``LOCAL_RANK`` when torchrun set it). Makes it CUDA's current device."""
+        ``LOCAL_RANK`` when torchrun set it). Makes it CUDA's current device and applies ``matmul_precision``."""
         if local_rank is None and "LOCAL_RANK" in os.environ:
             local_rank = int(os.environ["LOCAL_RANK"])
         device = resolve_device(self.device, local_rank, "DevicePolicy.device")
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL and the caching allocator use the current device
+        if self.matmul_precision is not None:
+            torch.set_float32_matmul_precision(self.matmul_precision)
         return device
 
     def acting_device(self, local_rank: int | None = None) -> torch.device:

@@ -139,13 +139,14 @@ class OnPolicyTraining(TrainingStep):
     last_row_bootstraps = True
 
     def _collect_and_train(self, steps_per_env: int) -> int:
-        with self.learner.capturing_outputs():  # the unroll is the update's forward (hooks on diagnosed updates)
+        # The unroll is the update's forward: it runs in the update's contexts (output hooks on diagnosed updates,
+        # and the AMP policy's autocast, so the graph the loss backpropagates through is built in its precision).
+        with self.learner.capturing_outputs(), self.learner.loss_context():
             start = time.monotonic()
             trajectory = self.collector.collect_trajectory(steps_per_env)
             self.timing["unroll_s"] = time.monotonic() - start
             merge_statistics_across_ranks(self.transformer, self.learner.dist)
-            with self.learner.loss_context():
-                loss_info = self.algorithm.calc_loss(trajectory, None)
+            loss_info = self.algorithm.calc_loss(trajectory, None)
         self.learner.apply(loss_info)
         self.last_actions = trajectory.action, trajectory.step_type
         return steps_per_env

@@ -1,6 +1,7 @@
 """alfish on one GPU against Stable-Baselines3 on the same GPU, and alfish's own variants, in one run.
 
     python tools/bench/bench_gpu.py [--repeats 3] [--algos sac td3 ppo] [--ddp N] [--quick] [--device cuda|cpu]
+                                    [--json PATH]
 
 Env steps/s on HalfCheetah-v5 (MuJoCo), 1 env, each job in a fresh process, ``--repeats`` times, alternating the
 frameworks; the medians and their ratios are printed. A job takes ``learning_starts`` uniformly random env steps
@@ -17,11 +18,12 @@ checkpoints or summaries in any job.
     gamma 0.99, GAE 0.95, clip 0.2, value coefficient 0.5, no entropy bonus, max grad norm 0.5, Adam eps 1e-5,
     normalized advantages (SB3's PPO defaults = CleanRL's ppo_continuous_action, without its observation/reward
     normalization wrappers and lr annealing). 2 rollouts of warm-up, then 4 timed (8192 env steps).
-  alfish variants: eager fp32, AMP fp16 (with the gradient scaler), AMP bf16, and compiled updates
+  alfish variants: eager fp32, eager TF32 (``DevicePolicy.matmul_precision = 'high'``: float32 matmuls on TF32
+  tensor cores; SAC and TD3, CUDA only), AMP fp16 (with the gradient scaler), AMP bf16, and compiled updates
   (``Learner.compile_mode = 'reduce-overhead'``: CUDA graphs; ``'default'`` with ``--device cpu``); SB3 at the same
   hyperparameters with device='cuda'.
 Updates/s of one SAC update with 3x1024 MLPs (batch 256) on a preallocated device batch: a loop of
-``learner.update``, synchronized around the timed loop only, fp32 against fp16 and bf16 autocast.
+``learner.update``, synchronized around the timed loop only, fp32 against TF32, fp16 and bf16 autocast.
 DDP (``--ddp N``): alfish SAC eager fp32 with 1 rank and with N torchrun ranks, each rank 1 env and batch 256
 (fixed per-rank work), job env steps/s and the scaling efficiency; skipped when fewer than N GPUs are visible.
 
@@ -31,6 +33,9 @@ each >= 3x SB3 on the same GPU; AMP >= 1.5x fp32 updates/s on the 3x1024 SAC upd
 
 ``--device cpu`` runs every code path on the CPU (the numbers are then not GPU figures and are labelled so), and
 ``--quick`` shortens every job, for a smoke test: ``python tools/bench/bench_gpu.py --device cpu --quick``.
+``--json PATH`` also writes every figure (runs, medians, skips and errors, the machine, the reference figures) to PATH,
+rewritten after each table, so a run stopped part-way leaves the tables it finished (``alfish.tools.gpu_check`` reads
+it).
 Needs ``pip install -e ".[bench,mujoco]"`` (SB3 and MuJoCo).
 """
 from __future__ import annotations
@@ -55,9 +60,11 @@ LEANRL_H100 = {"sac": 725, "td3": 936, "ppo": 1774}  # env steps/s, LeanRL's REA
 TARGETS = {"sac": 1000, "td3": 1200, "ppo": 2000}  # env steps/s on one GPU (the issue's)
 TARGET_VS_SB3 = 3.0  # alfish / SB3 env steps/s on the same GPU
 TARGET_AMP_SPEEDUP = 1.5  # AMP / fp32 updates/s, 3x1024 SAC update
-ALFISH_VARIANTS = ("fp32", "fp16", "bf16", "compiled")
-VARIANT_NAMES = {"fp32": "alfish eager fp32", "fp16": "alfish AMP fp16", "bf16": "alfish AMP bf16",
-                 "compiled": "alfish compiled", "sb3": "SB3"}
+ALFISH_VARIANTS = ("fp32", "tf32", "fp16", "bf16", "compiled")
+VARIANT_NAMES = {"fp32": "alfish eager fp32", "tf32": "alfish eager TF32", "fp16": "alfish AMP fp16",
+                 "bf16": "alfish AMP bf16", "compiled": "alfish compiled", "sb3": "SB3"}
+TF32_ALGOS = ("sac", "td3")  # PPO's 64x64 networks are far too small for TF32 to show
+UPDATE_VARIANTS = ("fp32", "tf32", "fp16", "bf16")  # the 3x1024 SAC update's precisions
 WORKER_TIMEOUT_S = 3600
 
 
@@ -92,17 +99,21 @@ def main(args: argparse.Namespace) -> int:
     if problem:
         print(f"bench_gpu: {problem}", file=sys.stderr)
         return 2
-    print_header(args)
+    machine = print_header(args)
     results: dict[str, Any] = {"env_steps": {}, "updates": {}, "ddp": {}}
+    write_json(args, machine, results)
     for algo in args.algos:
         results["env_steps"][algo] = env_steps_jobs(args, algo)
         print_env_steps_table(args, algo, results["env_steps"][algo])
+        write_json(args, machine, results)
     if not args.skip_updates:
         results["updates"] = updates_jobs(args)
         print_updates_table(args, results["updates"])
+        write_json(args, machine, results)
     if args.ddp:
         results["ddp"] = ddp_jobs(args)
         print_ddp_table(args, results["ddp"])
+    write_json(args, machine, results, complete=True)
     print("SUMMARY " + json.dumps(summary(results)))
     failed = [f"{where}: {r['error']}" for where, r in failures(results)]
     for line in failed:
@@ -122,6 +133,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="short jobs, 1 repeat (a smoke test)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads in every job (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write every figure to PATH as JSON")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # internal: one job, as JSON
     args = parser.parse_args()
     if args.repeats is None:
@@ -145,7 +157,8 @@ def environment_problem(args: argparse.Namespace) -> Optional[str]:
     return None
 
 
-def print_header(args: argparse.Namespace) -> None:
+def print_header(args: argparse.Namespace) -> dict:
+    """Print what the figures were measured on; returns it (for ``--json``)."""
     import gymnasium
     import torch
 
@@ -162,6 +175,27 @@ def print_header(args: argparse.Namespace) -> None:
     if not on_gpu:
         print("NOTE: --device cpu checks the code paths; the numbers below are CPU numbers, NOT GPU figures, and "
               "are not compared with the GPU targets.", flush=True)
+    return dict(device=device, device_arg=args.device, torch=torch.__version__, cuda=torch.version.cuda,
+                gymnasium=gymnasium.__version__, sb3=sb3_version(), quick=args.quick, repeats=args.repeats)
+
+
+def write_json(args: argparse.Namespace, machine: dict, results: dict, complete: bool = False) -> None:
+    """``--json``: everything measured so far, with the machine and the reference figures (written to a temporary
+    file, then renamed: a reader never sees half a file)."""
+    if not args.json:
+        return
+    doc = dict(machine=machine, complete=complete, results=jsonable(results), leanrl_h100=LEANRL_H100,
+               targets=TARGETS, sizes={a: dataclasses.asdict(s) for a, s in (QUICK_SIZES if args.quick
+                                                                                  else SIZES).items()})
+    tmp = f"{args.json}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, args.json)
+
+
+def jsonable(results: dict) -> dict:
+    """``results`` with string keys (the DDP table is keyed by rank counts)."""
+    return {k: jsonable(v) if isinstance(v, dict) else v for k, v in ((str(k), v) for k, v in results.items())}
 
 
 def sb3_version() -> str:
@@ -178,7 +212,11 @@ def run_worker(job: dict, launcher: Optional[list[str]] = None) -> dict:
     """Run one job in a fresh process (``launcher``: e.g. torchrun) and return its RESULT, or ``{'error': ...}``."""
     cmd = (launcher or [sys.executable]) + [os.path.abspath(__file__), "--worker", json.dumps(job)]
     try:
-        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S)
+        # The worker's sys.path starts at tools/bench: without REPO on PYTHONPATH it would import whichever alfish is
+        # installed, not this checkout's.
+        pythonpath = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=WORKER_TIMEOUT_S,
+                             env=dict(os.environ, PYTHONPATH=pythonpath))
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {WORKER_TIMEOUT_S} s"}
     for line in out.stdout.splitlines():
@@ -196,6 +234,8 @@ def unavailable(args: argparse.Namespace, variant: str) -> Optional[str]:
     """Why ``variant`` cannot run on this device (None: it can)."""
     if variant == "fp16" and not args.device.startswith("cuda"):
         return "fp16 autocast needs CUDA"
+    if variant == "tf32" and not args.device.startswith("cuda"):
+        return "TF32 needs a CUDA GPU (Ampere or newer)"
     if variant == "sb3" and sb3_version().startswith("not installed"):
         return "stable-baselines3 not installed"
     return None
@@ -231,16 +271,17 @@ def repeat_jobs(args: argparse.Namespace, label: str, jobs: dict[Any, dict], key
 def env_steps_jobs(args: argparse.Namespace, algo: str) -> dict[str, dict]:
     """Env steps/s of ``algo`` for every variant asked for (see ``repeat_jobs``)."""
     sizes = dataclasses.asdict((QUICK_SIZES if args.quick else SIZES)[algo])
+    variants = [v for v in args.variants if v != "tf32" or algo in TF32_ALGOS]
     jobs = {v: job_spec(args, "env_steps", framework="sb3" if v == "sb3" else "alfish", algo=algo, variant=v,
-                        sizes=sizes) for v in args.variants}
+                        sizes=sizes) for v in variants}
     return repeat_jobs(args, algo, jobs, "env_steps_per_s")
 
 
 def updates_jobs(args: argparse.Namespace) -> dict[str, dict]:
-    """Updates/s of the 3x1024 SAC update in fp32, fp16 and bf16 (see ``repeat_jobs``)."""
+    """Updates/s of the 3x1024 SAC update in fp32, TF32, fp16 and bf16 (see ``repeat_jobs``)."""
     counts = QUICK_UPDATES if args.quick else UPDATES
     jobs = {v: job_spec(args, "updates", variant=v, hidden=[1024] * 3, batch=256, **counts)
-            for v in ("fp32", "fp16", "bf16")}
+            for v in UPDATE_VARIANTS}
     return repeat_jobs(args, "sac 3x1024 update", jobs, "updates_per_s")
 
 
@@ -319,11 +360,11 @@ def print_updates_table(args: argparse.Namespace, res: dict[str, dict]) -> None:
     on_gpu = args.device.startswith("cuda")
     print(f"\nSAC update, 3x1024 MLPs, batch 256, updates/s ({'GPU' if on_gpu else 'CPU -- NOT GPU FIGURES'}; "
           f"medians of {args.repeats})")
-    print(f"| precision | updates/s | runs | vs fp32 | target >= {TARGET_AMP_SPEEDUP:g}x fp32 |")
+    print(f"| precision | updates/s | runs | vs fp32 | AMP target >= {TARGET_AMP_SPEEDUP:g}x fp32 |")
     print("|---|---|---|---|---|")
     for v, entry in res.items():
         speedup = ratio(entry, res["fp32"]) if v != "fp32" else None
-        verdict = "-" if v == "fp32" or speedup is None else (
+        verdict = "-" if v not in ("fp16", "bf16") or speedup is None else (  # the target is AMP's
             "n/a (not a GPU)" if not on_gpu else ("met" if speedup >= TARGET_AMP_SPEEDUP else "not met"))
         runs = ", ".join(f"{x:.1f}" for x in entry["runs"])
         print(f"| {v} | {cell(entry, 1)} | {runs} | {fmt(speedup)} | {verdict} |")
@@ -383,11 +424,12 @@ def worker(job: dict) -> int:
 
 
 def synchronize(device: str) -> None:
-    """Wait for the work queued on the device (the current GPU), so a clock read counts it."""
+    """Wait for the work queued on ``device`` (``'cuda'``: the current GPU; ``'cuda:N'``: GPU N, whichever is
+    current: SB3 does not make its device the current one), so a clock read counts it."""
     import torch
 
     if device.startswith("cuda"):
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(torch.device(device))
 
 
 class Stopwatch:
@@ -485,6 +527,7 @@ TrainerConfig.num_updates_per_train_iter = 10
 }
 VARIANT_CONFS = {
     "fp32": "",
+    "tf32": "DevicePolicy.matmul_precision = 'high'\n",
     "fp16": "TrainerConfig.enable_amp = True\nAmpPolicy.dtype = 'float16'\n",
     "bf16": "TrainerConfig.enable_amp = True\nAmpPolicy.dtype = 'bfloat16'\n",
     "compiled": "Learner.compile_mode = '{compile_mode}'\n",
@@ -562,17 +605,18 @@ def update_rate(job: dict) -> dict:
     from alfish.algorithms import SacAlgorithm
     from alfish.data.types import Experience, StepType
     from alfish.learn.amp import AmpPolicy
+    from alfish.learn.device import DevicePolicy
     from alfish.learn.learner import Learner
     from alfish.learn.optim import OptimizerConfig
 
-    device = torch.device(job["device"])
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     variant = job["variant"]
+    device = DevicePolicy(device=job["device"], matmul_precision="high" if variant == "tf32" else None
+                          ).training_device()
     torch.manual_seed(job["seed"])
     obs_space = gym.spaces.Box(-float("inf"), float("inf"), (OBS_DIM,))
     alg = SacAlgorithm(obs_space, gym.spaces.Box(-1.0, 1.0, (ACT_DIM,)), hidden_sizes=tuple(job["hidden"]))
-    amp = AmpPolicy(variant != "fp32", device.type, {"fp16": "float16", "bf16": "bfloat16"}.get(variant))
+    amp_dtype = {"fp16": "float16", "bf16": "bfloat16"}.get(variant)
+    amp = AmpPolicy(amp_dtype is not None, device.type, amp_dtype)
     learner = Learner(alg, OptimizerConfig(), amp, device=device)
     n, length = job["batch"], 2
     batch = Experience(step_type=torch.full((length, n), StepType.MID, dtype=torch.int8, device=device),
