@@ -3,7 +3,7 @@
     DevicePolicy.device = 'auto'          # training: 'auto' | 'cpu' | 'cuda' | 'cuda:N'
     DevicePolicy.rollout_device = 'cpu'   # the async unroll child's and the evaluator's policy copy
     DevicePolicy.replay_storage = 'cpu'   # 'cpu' | 'mmap' (host memory) | 'device' (buffers that fit)
-    DevicePolicy.matmul_precision = None  # float32 matmuls: None (torch's setting) | 'highest' | 'high' | 'medium'
+    DevicePolicy.matmul_precision = 'highest'  # float32 matmuls: 'highest' | 'high' (TF32) | 'medium'
 
 Under torchrun each rank trains on ``cuda:(LOCAL_RANK % device_count())`` (one GPU per task under SLURM gives
 ``LOCAL_RANK % 1 == 0``). The trainer's own process acts with the algorithm itself, so a synchronous unroll acts on the
@@ -34,23 +34,23 @@ class DevicePolicy:
     ``matmul_precision``: the internal precision of float32 matmuls and convolutions in the training process
     (``torch.set_float32_matmul_precision``, set with the training device): ``'highest'`` (full float32), ``'high'``
     (TF32 tensor cores on Ampere and newer GPUs: several times the fp32 rate, 10-bit mantissa products, float32
-    accumulation) or ``'medium'`` (bf16 products where the hardware has them). ``None`` leaves torch's process-wide
-    setting as it is (torch's default is ``'highest'``). The async unroll and evaluation children act in full
-    precision: their matmuls are a policy at the batch of a few envs, too small for TF32 to matter."""
+    accumulation) or ``'medium'`` (bf16 products where the hardware has them). Always applied, so the conf (and
+    the operative config it records) says what precision a run trained in, whatever the process had set before.
+    The async unroll and evaluation children act in full precision: their matmuls are a policy at the batch of a
+    few envs, too small for TF32 to matter."""
 
     device: str = "auto"
     rollout_device: str = "cpu"
     replay_storage: str = "cpu"
-    matmul_precision: str | None = None
+    matmul_precision: str = "highest"
 
     def __post_init__(self) -> None:
         if self.replay_storage not in REPLAY_STORAGES:
             raise OneLineValueError(f"DevicePolicy.replay_storage='{self.replay_storage}' must be one of "
                                     f"{list(REPLAY_STORAGES)}")
-        if self.matmul_precision is not None and self.matmul_precision not in MATMUL_PRECISIONS:
+        if self.matmul_precision not in MATMUL_PRECISIONS:
             raise OneLineValueError(f"DevicePolicy.matmul_precision={self.matmul_precision!r} must be one of "
-                                    f"{list(MATMUL_PRECISIONS)} ('high': TF32 on Ampere+ GPUs) or None (torch's "
-                                    "setting, 'highest' by default)")
+                                    f"{list(MATMUL_PRECISIONS)} ('high': TF32 on Ampere+ GPUs)")
 
     def training_device(self, local_rank: int | None = None) -> torch.device:
         """The training device of this process (``local_rank``: its rank on the node under torchrun; ``None`` reads
@@ -60,8 +60,7 @@ class DevicePolicy:
         device = resolve_device(self.device, local_rank, "DevicePolicy.device")
         if device.type == "cuda":
             torch.cuda.set_device(device)  # NCCL and the caching allocator use the current device
-        if self.matmul_precision is not None:
-            torch.set_float32_matmul_precision(self.matmul_precision)
+        torch.set_float32_matmul_precision(self.matmul_precision)
         return device
 
     def acting_device(self, local_rank: int | None = None) -> torch.device:

@@ -45,19 +45,18 @@ def test_the_trainer_applies_the_confs_matmul_precision(tmp_path, precision):
     assert torch.get_float32_matmul_precision() == precision
 
 
-@pytest.mark.parametrize("users", ["medium", "highest"])
-def test_the_default_leaves_torchs_setting_alone(tmp_path, users):
-    torch.set_float32_matmul_precision(users)
+def test_the_default_is_full_float32_whatever_the_process_set_before(tmp_path):
+    torch.set_float32_matmul_precision("medium")
     build_from(tmp_path)
-    assert torch.get_float32_matmul_precision() == users
+    assert torch.get_float32_matmul_precision() == "highest"
 
 
 def test_an_unknown_precision_is_a_one_line_error_and_changes_nothing(tmp_path):
     torch.set_float32_matmul_precision("medium")
     with pytest.raises(OneLineValueError, match=r"^DevicePolicy.matmul_precision='tf32' must be one of \['highest', "
-                                                r"'high', 'medium'\] \('high': TF32 on Ampere\+ GPUs\) or None"):
+                                                r"'high', 'medium'\] \('high': TF32 on Ampere\+ GPUs\)$"):
         DevicePolicy(device="cpu", matmul_precision="tf32")
     with pytest.raises(ConfError, match=r"conf.gin:\d+.*DevicePolicy.matmul_precision.*one of 'highest', 'high', "
-                                        r"'medium' or None; did you mean 'high'\?"):
+                                        r"'medium'; did you mean 'high'\?"):
         build_from(tmp_path, "DevicePolicy.matmul_precision = 'hihg'\n")
     assert torch.get_float32_matmul_precision() == "medium"

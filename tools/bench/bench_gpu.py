@@ -610,7 +610,7 @@ def update_rate(job: dict) -> dict:
     from alfish.learn.optim import OptimizerConfig
 
     variant = job["variant"]
-    device = DevicePolicy(device=job["device"], matmul_precision="high" if variant == "tf32" else None
+    device = DevicePolicy(device=job["device"], matmul_precision="high" if variant == "tf32" else "highest"
                           ).training_device()
     torch.manual_seed(job["seed"])
     obs_space = gym.spaces.Box(-float("inf"), float("inf"), (OBS_DIM,))
