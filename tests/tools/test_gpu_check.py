@@ -3,7 +3,8 @@ failing, crashing, hanging or missing check is reported (with its last lines) wh
 exit status is 1; the report has one row per check, the machine and the benchmark's figures beside LeanRL's.
 
 The default tier runs the command with the real checks that take no time on the CPU and one pointed at a missing
-file; the whole CPU pass (every check at its smallest size: 1-2 minutes here) is in the slow tier."""
+file, and the whole CPU pass (every check at its smallest size, ~40 s here: the issue's acceptance is that
+``gpu_check --device cpu`` passes in CI)."""
 import argparse
 import dataclasses
 import importlib.util
@@ -18,7 +19,7 @@ import pytest
 import torch
 
 from alfish.tools import gpu_check
-from alfish.tools.gpu_check_checks import NAMES, SEPARATE_GPU_TESTS, Check
+from alfish.tools.gpu_check_checks import NAMES, Check
 from alfish.tools.gpu_check_report import FAIL, PASS, SKIP, TIMEOUT, Result, markdown
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -131,21 +132,18 @@ def test_the_command_writes_one_row_per_check_and_reports_a_failing_one(tmp_path
     assert "1 FAIL, 1 SKIP" in text
 
 
-@pytest.mark.slow  # every check at its smallest size on the CPU: 1-2 minutes (the torchrun pair, the bench)
-@pytest.mark.cli
+@pytest.mark.cli  # every check at its smallest size on the CPU: ~40 s (the no-recompile tests, the torchrun pair)
 @pytest.mark.timeout(600)
 def test_the_whole_cpu_run_passes_or_skips_every_check(tmp_path):
     proc = run_tool(tmp_path, timeout=560)
     text, doc = read_report(tmp_path)
     assert [c["name"] for c in doc["checks"]] == list(NAMES)
-    runs_alone = dict(zip(("no_recompile", "device_replay"), SEPARATE_GPU_TESTS))
     for check in doc["checks"]:
-        absent = runs_alone.get(check["name"])
-        if absent and not (REPO / absent).exists():  # written by other work; until it lands the check says so
-            assert (check["status"], check["detail"]) == (FAIL, f"missing: {absent}")
-        else:
-            assert check["status"] in (PASS, SKIP), f"{check['name']}: {check['detail']}\n{check['tail']}"
-    assert proc.returncode == (1 if any(c["status"] == FAIL for c in doc["checks"]) else 0), proc.stderr
+        assert check["status"] in (PASS, SKIP), f"{check['name']}: {check['detail']}\n{check['tail']}"
+    # on the CPU only fp16 (CUDA-only) and the bench (without MuJoCo) may skip: everything else ran and passed
+    skipped = {c["name"] for c in doc["checks"] if c["status"] == SKIP}
+    assert skipped <= {"amp_fp16", "bench"}, skipped
+    assert proc.returncode == 0, proc.stderr
 
 
 # ----------------------------------------------------------------------------------- tools/bench/bench_gpu.py ---
