@@ -106,7 +106,9 @@ def checkpoint_in_progress(rank: int, store: Optional[dist.Store] = None) -> Opt
         if not store.check([key]):
             return None
         iteration, stamp = store.get(key).decode().split()
-        return int(iteration), time.time() - float(stamp)
+        # Never negative: the stamp comes from another process (on a multi-node job, another host's clock), and a
+        # "-0 s" in the diagnosis would read as nonsense.
+        return int(iteration), max(0.0, time.time() - float(stamp))
     except Exception as err:  # noqa: BLE001  (the store went away)
         logger.debug("no checkpoint mark read: %s", err)
         return None

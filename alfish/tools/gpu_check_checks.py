@@ -40,11 +40,12 @@ class Check:
 
 @dataclasses.dataclass(frozen=True)
 class Sizes:
-    """How big each check is on one kind of device: the timeouts (s), the tests/gpu selection, the training runs'
+    """How big each check is on one kind of device: the timeouts (s), the tests/gpu selections, the training runs'
     iterations and replay settings, and the benchmark's arguments."""
 
     timeouts: dict[str, float]
     gpu_tests_selection: tuple[str, ...]
+    recompile_selection: tuple[str, ...]
     iterations: int
     initial_collect_steps: int
     mini_batch_size: int
@@ -55,6 +56,7 @@ GPU_SIZES = Sizes(
     timeouts=dict(cuda_tests=150, no_recompile=75, device_replay=30, torchrun_gloo=45, amp_fp16=30, amp_bf16=30,
                   bench=120),
     gpu_tests_selection=(),  # all of tests/gpu (the default run's selection: not the slow tier)
+    recompile_selection=(),  # every algorithm
     iterations=200, initial_collect_steps=100, mini_batch_size=256,
     # The compiled rows are the ones LeanRL's (torch.compile + CUDA graphs) compare with; TF32 beside fp32.
     bench_args=("--quick", "--algos", "sac", "td3", "ppo", "--variants", "fp32", "tf32", "compiled",
@@ -63,6 +65,8 @@ CPU_SIZES = Sizes(
     timeouts=dict(cuda_tests=90, no_recompile=90, device_replay=90, torchrun_gloo=90, amp_fp16=60, amp_bf16=60,
                   bench=90),
     gpu_tests_selection=("-k", "amp_precision"),  # the GPU tests' plumbing; the whole folder takes ~200 s here
+    # TD3 (two graphs: actor due / not due); every algorithm's CPU check is tests/learn/test_compiled_no_recompile.py
+    recompile_selection=("-k", "td3"),
     iterations=2, initial_collect_steps=16, mini_batch_size=16,
     bench_args=("--quick", "--algos", "sac", "--variants", "fp32", "--skip_updates"))
 NAMES = tuple(GPU_SIZES.timeouts)
@@ -107,8 +111,8 @@ def all_checks(device: str, work: pathlib.Path, report_dir: pathlib.Path) -> lis
               pytest("tests/gpu", *ignored, *sizes.gpu_tests_selection), t["cuda_tests"], on_device,
               expect=PYTEST_PASSED, needs=("tests/gpu",)),
         Check("no_recompile", "every algorithm's compiled update ('reduce-overhead') never recompiles after warm-up",
-              pytest(SEPARATE_GPU_TESTS[0]), t["no_recompile"], on_device, expect=PYTEST_PASSED,
-              needs=(SEPARATE_GPU_TESTS[0],)),
+              pytest(SEPARATE_GPU_TESTS[0], *sizes.recompile_selection), t["no_recompile"], on_device,
+              expect=PYTEST_PASSED, needs=(SEPARATE_GPU_TESTS[0],)),
         Check("device_replay", "replay on the device with frame stacking, hindsight relabelling and offline mixing",
               pytest(SEPARATE_GPU_TESTS[1]), t["device_replay"], on_device, expect=PYTEST_PASSED,
               needs=(SEPARATE_GPU_TESTS[1],)),
