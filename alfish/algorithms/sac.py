@@ -34,10 +34,12 @@ from alfish.algorithms.debug_stats import masked_stats
 from alfish.data import nest
 from alfish.data.state import is_empty
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
+from alfish.errors import OneLineValueError
 from alfish.networks.distributions import tanh_gaussian_sample
 from alfish.networks.ensemble import EnsembleCritic
 from alfish.networks.heads import build_encoder
 from alfish.networks.mlp import MLP, polyak_update
+from alfish.networks.sde import SdeActor, check_sde_options, latent_size, tanh_log_det
 from alfish.schedulers import Scheduler, TracedValue, as_scheduler
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementation
@@ -81,6 +83,13 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             shared by an actor head and the critic heads of ``hidden_sizes`` (module docstring); exclusive with
             ``actor_network_cls`` and ``critic_network_cls``.
         burn_in: recurrent encoder only: steps at the start of each sampled sequence that only warm the state up.
+        use_sde: explore with gSDE (``alfish.networks.sde``) instead of independent Gaussian noise: the actor is an
+            MLP of ``hidden_sizes`` giving the pre-tanh mean (clipped to [-2, 2], as SB3), its last hidden layer the
+            latent of the state-dependent noise. Default MLP networks over flat observations only.
+        sde_sample_freq: gSDE: env steps between two draws of an env's noise matrix while acting (-1: only at its
+            episode's start and at each training iteration's rollout start).
+        log_std_init: gSDE: initial log of the noise's sigma ``[latent_dim, action_dim]`` (SB3's SAC: -3).
+        full_std: gSDE: one sigma per (latent unit, action dim); ``False``: one per latent unit.
     """
 
     rollout_module_names = ("actor",)  # async unroll ships only these to its child
@@ -92,8 +101,11 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  initial_log_alpha: float = 0.0, target_entropy: Optional[float | Scheduler] = None,
                  num_critics: int = 2, actor_network_cls: Optional[Callable[..., nn.Module]] = None,
                  critic_network_cls: Optional[Callable[..., nn.Module]] = None,
-                 encoding_network_ctor: Optional[Callable[..., nn.Module]] = None, burn_in: int = 0):
+                 encoding_network_ctor: Optional[Callable[..., nn.Module]] = None, burn_in: int = 0,
+                 use_sde: bool = False, sde_sample_freq: int = -1, log_std_init: float = -3.0,
+                 full_std: bool = True):
         super().__init__(observation_space, action_space)
+        check_sde_options("SacAlgorithm", sde_sample_freq)
         if self.discrete:
             raise ValueError(f"SacAlgorithm needs a Box action space, got {action_space}; use PpoAlgorithm or "
                              "A2cAlgorithm for discrete actions")
@@ -107,7 +119,13 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self.use_networks(actor_network_cls, critic_network_cls)
         # Plain bools (not properties over the modules): the feed-forward path pays one attribute read per branch.
         self._encoded = encoding_network_ctor is not None
-        if not self._encoded:
+        self.use_sde = use_sde
+        if use_sde:
+            self.actor = self._sde_actor(actor_network_cls, critic_network_cls, encoding_network_ctor, hidden_sizes,
+                                         dict(log_std_init=log_std_init, full_std=full_std,
+                                              sample_freq=sde_sample_freq))
+            self.critics = self.build_critics(critic_network_cls, num_critics, hidden_sizes)
+        elif not self._encoded:
             self.actor = self.build_network(actor_network_cls, 2 * self.action_dim, hidden_sizes)
             self.critics = self.build_critics(critic_network_cls, num_critics, hidden_sizes)
         else:
@@ -135,6 +153,15 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self.target_entropy = TracedValue(-float(self.action_dim) if target_entropy is None else target_entropy)
         self._lrs = dict(actor=actor_lr, critic=critic_lr, alpha=alpha_lr)
         self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
+
+    def _sde_actor(self, actor_cls: Any, critic_cls: Any, encoding_ctor: Any, hidden_sizes: Sequence[int],
+                   options: dict) -> SdeActor:
+        """gSDE's actor (class docstring); ``options``: ``StateDependentNoise``'s."""
+        if actor_cls is not None or critic_cls is not None or encoding_ctor is not None or self.raw_observations:
+            raise OneLineValueError("SacAlgorithm.use_sde=True builds its own MLP actor over flat observations; leave "
+                                    "actor_network_cls, critic_network_cls and encoding_network_ctor unset")
+        mlp = MLP(self.obs_dim, self.action_dim, hidden_sizes)
+        return SdeActor(mlp, latent_size(self.obs_dim, hidden_sizes), self.action_dim, mean_clip=2.0, **options)
 
     def param_groups(self) -> list[dict]:
         """Three groups; a shared encoder is trained by the critic loss, so it is in the critic group."""
@@ -170,8 +197,37 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         ``hardtanh`` is ``clamp`` to [LOG_STD_MIN, LOG_STD_MAX] with a one-kernel backward (clamp's backward is five
         aten ops); the two gradients differ only where ``log_std`` sits exactly on a bound.
         """
+        if self.use_sde:
+            return self._sde_policy(obs, greedy)
         mean, log_std = self.actor(obs).chunk(2, dim=-1)
         return tanh_gaussian_sample(mean, F.hardtanh(log_std, LOG_STD_MIN, LOG_STD_MAX), deterministic=greedy)
+
+    def _sde_policy(self, obs: torch.Tensor, greedy: bool, noise: Optional[torch.Tensor] = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """gSDE: ``tanh(mean + noise)`` ``[N, action_dim]`` and its log-prob ``[N]`` (Gaussian of variance
+        ``latent^2 @ sigma^2``, SB3's tanh correction). ``noise [N, action_dim]``: given (acting, each env its own
+        matrix); ``None``: from one matrix drawn for the batch, reparameterised (SB3 redraws it every update); greedy:
+        zero."""
+        mean, latent = self.actor(obs)
+        sde = self.actor.noise
+        if noise is None:
+            noise = torch.zeros_like(mean) if greedy else sde.noise(latent, sde.draw())
+        u = mean + noise
+        return torch.tanh(u), sde.log_prob(u, mean, latent) - tanh_log_det(u)
+
+    def _sde_rollout_step(self, time_step: TimeStep, state: Any) -> AlgStep:
+        """Acting with each env's own noise matrix, redrawn at its FIRST steps and every ``sde_sample_freq``."""
+        obs = self.network_input(time_step.observation)
+        with torch.no_grad():
+            mean, latent = self.actor(obs)
+            action = torch.tanh(mean + self.actor.noise.acting_noise(latent, time_step.step_type))
+        return AlgStep(output=self.scale_action(action), state=state)
+
+    def after_train_iter(self) -> None:
+        """gSDE: the next rollout starts with new noise matrices (SB3 redraws them at each rollout's start)."""
+        super().after_train_iter()
+        if self.use_sde:
+            self.actor.noise.resample_all()
 
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         unit_action, _ = self._policy(self.network_input(obs), greedy)
@@ -200,6 +256,8 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         return AlgStep(output=self.scale_action(action), state=next_state)
 
     def rollout_step(self, time_step: TimeStep, state: Any = EMPTY) -> AlgStep:
+        if self.use_sde:
+            return self._sde_rollout_step(time_step, state)
         if not self._encoded:
             return super().rollout_step(time_step, state)
         features, next_state, state = self._encode_step(time_step, state)
