@@ -25,9 +25,11 @@ from torch import nn
 from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OffPolicyAlgorithm
 from alfish.algorithms.debug_stats import explained_variance, masked_stats
+from alfish.algorithms.sde_actor_critic import SdeActorCriticNetworks
 from alfish.data import nest
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
+from alfish.networks.sde import check_sde_options
 from alfish.schedulers import Scheduler, TracedValue
 
 
@@ -67,6 +69,13 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
             (logits, or the Gaussian mean) and the value network (``output_dim`` 1); ``None``: MLPs of
             ``hidden_sizes`` (for images and dicts, heads over one shared ``EncodingNetwork``). See
             ``ActorCriticNetworks``.
+        use_sde: explore with gSDE (``alfish.networks.sde``) instead of a state-independent Gaussian: the noise is
+            the policy's last hidden layer times a noise matrix (``SdeActorCriticNetworks``). Box actions, flat
+            observations and default networks only.
+        sde_sample_freq: gSDE: env steps between two draws of an env's noise matrix while acting (-1: only at its
+            episode's start and at each training iteration's rollout start).
+        log_std_init: gSDE: initial log of the noise's sigma ``[latent_dim, action_dim]`` (SB3's PPO: 0).
+        full_std: gSDE: one sigma per (latent unit, action dim); ``False``: one per latent unit.
     """
 
     trains_recurrent_steps_alone = True  # (temporally_independent_train_step=True: each step from its stored state)
@@ -76,11 +85,17 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
                  gamma: float = 0.99, gae_lambda: float = 0.95, clip_range: float | Scheduler = 0.2,
                  value_loss_coef: float = 0.5, entropy_coef: float | Scheduler = 0.0,
                  normalize_advantages: bool = True, actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
-                 value_network_ctor: Optional[Callable[..., nn.Module]] = None):
+                 value_network_ctor: Optional[Callable[..., nn.Module]] = None, use_sde: bool = False,
+                 sde_sample_freq: int = -1, log_std_init: float = 0.0, full_std: bool = True):
         super().__init__(observation_space, action_space)
+        check_sde_options("PpoAlgorithm", sde_sample_freq)
         self.use_networks(actor_network_ctor, value_network_ctor)
-        self.net = ActorCriticNetworks(self, hidden_sizes, activation, actor_network_ctor=actor_network_ctor,
-                                       value_network_ctor=value_network_ctor)
+        self.use_sde = use_sde
+        if use_sde:
+            self.net = SdeActorCriticNetworks(self, hidden_sizes, activation, log_std_init, full_std, sde_sample_freq)
+        else:
+            self.net = ActorCriticNetworks(self, hidden_sizes, activation, actor_network_ctor=actor_network_ctor,
+                                           value_network_ctor=value_network_ctor)
         self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
         # read inside the loss: TracedValues, so that schedules do not recompile compiled updates
         self.clip_range, self.entropy_coef = TracedValue(clip_range), TracedValue(entropy_coef)
@@ -99,6 +114,9 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         return out.action, PpoRolloutInfo(out.log_prob, out.value)
 
     def rollout_step(self, time_step: Any, state: Any = EMPTY) -> AlgStep:
+        if self.use_sde:  # each env explores with its own noise matrix (alfish.networks.sde)
+            out = self.net.act_exploring(self.network_input(time_step.observation), time_step.step_type)
+            return AlgStep(output=out.action, state=state, info=PpoRolloutInfo(out.log_prob, out.value))
         if not self.recurrent:
             return super().rollout_step(time_step, state)
         if isinstance(state, tuple) and len(state) == 0:  # a caller without a state: an episode's start
@@ -106,6 +124,12 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         out = self.net.act(self.network_input(time_step.observation), False, state)
         info = PpoRolloutInfo(out.log_prob, out.value, state if self.use_rollout_state else EMPTY)
         return AlgStep(output=out.action, state=out.state, info=info)
+
+    def after_train_iter(self) -> None:
+        """gSDE: the next rollout starts with new noise matrices (SB3 redraws them at each rollout's start)."""
+        super().after_train_iter()
+        if self.use_sde:
+            self.net.policy.noise.resample_all()
 
     def predict_step(self, time_step: Any, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
         if not self.recurrent:
