@@ -170,6 +170,18 @@ def test_sac_updates_on_meta(monkeypatch, period):
     assert_extra_on_meta(loss_info)
 
 
+def test_sac_with_gsde_updates_on_meta():
+    """gSDE (``use_sde=True``): the noise matrix drawn in each update and sigma's parameter stay on meta."""
+    alg = on_meta(SacAlgorithm, BOX, use_sde=True)
+    optimizer = adam(alg)
+    for _ in range(2):
+        loss_info = off_policy_update(alg, optimizer, meta_experience(BOX, L_, B_), torch.ones(B_, device=META))
+        assert_priority(loss_info)
+    assert alg.actor.noise.log_std.grad is not None
+    assert_all_on_meta(alg, optimizer)
+    assert_extra_on_meta(loss_info)
+
+
 @pytest.mark.parametrize("n_step, period", [(1, 1), (2, 3)])
 def test_dqn_updates_on_meta_with_priorities(monkeypatch, n_step, period):
     alg = on_meta(DqnAlgorithm, DISCRETE, n_step=n_step, target_update_period=period, target_update_tau=0.5)
@@ -224,10 +236,11 @@ def test_update_count_survives_load_state_dict_onto_meta(cls, action_space):
 
 # ------------------------------------------------------------------------------------------------- on-policy ---
 
-@pytest.mark.parametrize("action_space", [BOX, DISCRETE], ids=["box", "discrete"])
-def test_ppo_updates_on_meta(action_space):
+@pytest.mark.parametrize("action_space, use_sde", [(BOX, False), (DISCRETE, False), (BOX, True)],
+                         ids=["box", "discrete", "box_gsde"])
+def test_ppo_updates_on_meta(action_space, use_sde):
     """``preprocess_experience`` on a batch-major ``[B, T]`` buffer, then two epochs of shuffled mini-batches."""
-    alg = on_meta(PpoAlgorithm, action_space)
+    alg = on_meta(PpoAlgorithm, action_space, **(dict(use_sde=True) if use_sde else {}))
     optimizer = adam(alg)
     steps = 5
     info = PpoRolloutInfo(log_prob=torch.empty(B_, steps, device=META), value=torch.empty(B_, steps, device=META))
