@@ -74,7 +74,7 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
             observations and default networks only.
         sde_sample_freq: gSDE: env steps between two draws of an env's noise matrix while acting (-1: only at its
             episode's start and at each training iteration's rollout start).
-        log_std_init: gSDE: initial log of the noise's sigma ``[latent_dim, action_dim]`` (SB3's PPO: 0).
+        log_std_init: gSDE: initial log of the noise's sigma ``[latent_dim, action_dim]``; ``None``: SB3's 0 for PPO.
         full_std: gSDE: one sigma per (latent unit, action dim); ``False``: one per latent unit.
     """
 
@@ -86,9 +86,10 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
                  value_loss_coef: float = 0.5, entropy_coef: float | Scheduler = 0.0,
                  normalize_advantages: bool = True, actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
                  value_network_ctor: Optional[Callable[..., nn.Module]] = None, use_sde: bool = False,
-                 sde_sample_freq: int = -1, log_std_init: float = 0.0, full_std: bool = True):
+                 sde_sample_freq: int = -1, log_std_init: Optional[float] = None, full_std: bool = True):
         super().__init__(observation_space, action_space)
-        check_sde_options("PpoAlgorithm", sde_sample_freq)
+        check_sde_options("PpoAlgorithm", use_sde, sde_sample_freq, log_std_init, full_std)
+        log_std_init = 0.0 if log_std_init is None else log_std_init  # SB3's default for PPO+gSDE
         self.use_networks(actor_network_ctor, value_network_ctor)
         self.use_sde = use_sde
         if use_sde:

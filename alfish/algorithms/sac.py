@@ -88,7 +88,7 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             latent of the state-dependent noise. Default MLP networks over flat observations only.
         sde_sample_freq: gSDE: env steps between two draws of an env's noise matrix while acting (-1: only at its
             episode's start and at each training iteration's rollout start).
-        log_std_init: gSDE: initial log of the noise's sigma ``[latent_dim, action_dim]`` (SB3's SAC: -3).
+        log_std_init: gSDE: initial log of the noise's sigma ``[latent_dim, action_dim]``; ``None``: SB3's -3 for SAC.
         full_std: gSDE: one sigma per (latent unit, action dim); ``False``: one per latent unit.
     """
 
@@ -102,10 +102,11 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  num_critics: int = 2, actor_network_cls: Optional[Callable[..., nn.Module]] = None,
                  critic_network_cls: Optional[Callable[..., nn.Module]] = None,
                  encoding_network_ctor: Optional[Callable[..., nn.Module]] = None, burn_in: int = 0,
-                 use_sde: bool = False, sde_sample_freq: int = -1, log_std_init: float = -3.0,
+                 use_sde: bool = False, sde_sample_freq: int = -1, log_std_init: Optional[float] = None,
                  full_std: bool = True):
         super().__init__(observation_space, action_space)
-        check_sde_options("SacAlgorithm", sde_sample_freq)
+        check_sde_options("SacAlgorithm", use_sde, sde_sample_freq, log_std_init, full_std)
+        log_std_init = -3.0 if log_std_init is None else log_std_init  # SB3's default for SAC+gSDE
         if self.discrete:
             raise ValueError(f"SacAlgorithm needs a Box action space, got {action_space}; use PpoAlgorithm or "
                              "A2cAlgorithm for discrete actions")

@@ -30,11 +30,18 @@ SDE_EPSILON = 1e-6  # SB3's: added to the variance (and inside the tanh correcti
 HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
 
 
-def check_sde_options(owner: str, sde_sample_freq: int) -> None:
-    """One-line errors for the gSDE options of the algorithm ``owner``."""
+def check_sde_options(owner: str, use_sde: bool, sde_sample_freq: int, log_std_init: Optional[float],
+                      full_std: bool) -> None:
+    """One-line errors for the gSDE options of the algorithm ``owner``: a bad ``sde_sample_freq``, and gSDE options
+    set without ``use_sde`` (they would do nothing)."""
     if sde_sample_freq != -1 and sde_sample_freq < 1:
         raise OneLineValueError(f"{owner}.sde_sample_freq={sde_sample_freq} must be -1 (a new noise matrix only at "
                                 "episode and rollout starts) or a number of env steps >= 1")
+    unused = [name for name, is_set in (("sde_sample_freq", sde_sample_freq != -1), ("full_std", not full_std),
+                                        ("log_std_init", log_std_init is not None)) if is_set]
+    if unused and not use_sde:
+        raise OneLineValueError(f"{owner}.{unused[0]} is a gSDE option and does nothing without gSDE: set "
+                                f"{owner}.use_sde = True, or leave {unused[0]} unset")
 
 
 def forward_with_latent(mlp: MLP, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -54,8 +54,16 @@ def test_acting_noise_applies_each_envs_own_matrix():
 
 
 def test_options_are_validated():
-    check_sde_options("SacAlgorithm", -1)
-    check_sde_options("SacAlgorithm", 4)
+    check_sde_options("SacAlgorithm", True, -1, None, True)
+    check_sde_options("SacAlgorithm", True, 4, -2.0, False)
+    check_sde_options("SacAlgorithm", False, -1, None, True)  # the defaults without gSDE
     for bad in (0, -2):
         with pytest.raises(OneLineValueError, match=f"SacAlgorithm.sde_sample_freq={bad} must be -1"):
-            check_sde_options("SacAlgorithm", bad)
+            check_sde_options("SacAlgorithm", True, bad, None, True)
+
+
+@pytest.mark.parametrize("option, args", [("sde_sample_freq", (4, None, True)), ("log_std_init", (-1, -3.0, True)),
+                                          ("full_std", (-1, None, False))])
+def test_gsde_options_without_gsde_are_refused(option, args):
+    with pytest.raises(OneLineValueError, match=f"^PpoAlgorithm.{option} is a gSDE option and does nothing"):
+        check_sde_options("PpoAlgorithm", False, *args)
