@@ -27,6 +27,9 @@ class SdeActorCriticNetworks(ActorCriticNetworks):
             raise OneLineValueError(f"{owner}.use_sde=True needs Box actions and flat observations with the default "
                                     "MLP networks; leave actor_network_ctor and value_network_ctor unset")
         super().__init__(algorithm, hidden_sizes, activation)
+        if self.encoder is not None:  # e.g. ActorCriticNetworks.encoding_network_ctor bound in the conf
+            raise OneLineValueError(f"{owner}.use_sde=True reads the policy MLP's last hidden layer over flat "
+                                    "observations; unbind ActorCriticNetworks.encoding_network_ctor")
         del self.log_std  # gSDE's sigma replaces it
         self.policy = SdeActor(self.policy, latent_size(algorithm.obs_dim, hidden_sizes), algorithm.action_dim,
                                log_std_init, full_std, sample_freq)

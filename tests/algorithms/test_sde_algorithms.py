@@ -152,6 +152,15 @@ def test_gsde_needs_the_default_networks_over_flat_observations(cls):
         cls(OBS, BOX, use_sde=True, sde_sample_freq=0)
 
 
+def test_ppo_gsde_refuses_a_shared_encoder():
+    gin.parse_config("ActorCriticNetworks.encoding_network_ctor = @EncodingNetwork")
+    try:
+        with pytest.raises(OneLineValueError, match="unbind ActorCriticNetworks.encoding_network_ctor"):
+            PpoAlgorithm(OBS, BOX, use_sde=True)
+    finally:
+        gin.clear_config()
+
+
 COMMON = """
 create_environment.env_name = 'alfish/PointGoal-v0'
 TrainerConfig.random_seed = 3
