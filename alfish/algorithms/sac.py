@@ -21,6 +21,7 @@ replay priority is R2D2's ``0.9 max + 0.1 mean`` of its |TD errors|. Continuous 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
@@ -41,6 +42,19 @@ from alfish.networks.mlp import MLP, polyak_update
 from alfish.schedulers import Scheduler, TracedValue, as_scheduler
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementation
+
+
+def refuse_learned_alpha_bindings(ent_coef: float) -> None:
+    """An error if the conf binds a setting of the learned temperature next to a fixed ``SacAlgorithm.ent_coef`` (the
+    binding would do nothing)."""
+    for param in ("initial_log_alpha", "alpha_lr", "target_entropy"):
+        try:
+            gin.query_parameter(f"SacAlgorithm.{param}")
+        except ValueError:  # not bound
+            continue
+        raise ValueError(f"SacAlgorithm.{param} is bound, but SacAlgorithm.ent_coef={ent_coef} fixes the entropy "
+                         f"temperature (nothing learns it): remove SacAlgorithm.{param}, or set ent_coef = None to "
+                         "learn alpha")
 
 
 class SacTrainInfo(NamedTuple):
@@ -69,8 +83,13 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         gamma: discount per env step.
         target_update_tau: Polyak factor for target critics (1 = hard copy); a number or a schedule.
         target_update_period: optimizer steps between target updates.
-        initial_log_alpha: starting log of the entropy temperature.
+        initial_log_alpha: starting log of the learned entropy temperature (RL Zoo's ``ent_coef='auto_0.1'`` is
+            ``initial_log_alpha = -2.302585``, i.e. log(0.1)).
         target_entropy: entropy the temperature aims for (number or schedule); ``None`` means ``-action_dim``.
+        ent_coef: SB3's fixed entropy coefficient: a number > 0 is the temperature alpha itself (not its log), held
+            fixed: no alpha loss, no ``alpha`` parameter group (``alpha_lr``, ``initial_log_alpha`` and
+            ``target_entropy`` then have no use and binding them is an error). ``None`` (default): alpha is learned
+            from ``initial_log_alpha`` towards ``target_entropy`` (SB3's ``'auto'``).
         num_critics: ensemble size; the TD target takes the minimum over members.
         actor_network_cls: ``cls(observation_space, 2 * action_dim)`` -> the actor (``obs -> [N, 2 * action_dim]``:
             mean and log-std of the pre-tanh Gaussian); ``None``: an MLP of ``hidden_sizes`` (through
@@ -92,7 +111,8 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  initial_log_alpha: float = 0.0, target_entropy: Optional[float | Scheduler] = None,
                  num_critics: int = 2, actor_network_cls: Optional[Callable[..., nn.Module]] = None,
                  critic_network_cls: Optional[Callable[..., nn.Module]] = None,
-                 encoding_network_ctor: Optional[Callable[..., nn.Module]] = None, burn_in: int = 0):
+                 encoding_network_ctor: Optional[Callable[..., nn.Module]] = None, burn_in: int = 0,
+                 ent_coef: Optional[float] = None):
         super().__init__(observation_space, action_space)
         if self.discrete:
             raise ValueError(f"SacAlgorithm needs a Box action space, got {action_space}; use PpoAlgorithm or "
@@ -101,6 +121,9 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise ValueError(f"SacAlgorithm.target_update_period={target_update_period} must be >= 1")
         if burn_in < 0:
             raise ValueError(f"SacAlgorithm.burn_in={burn_in} must be >= 0")
+        if ent_coef is not None and not ent_coef > 0:
+            raise ValueError(f"SacAlgorithm.ent_coef={ent_coef} must be > 0 (the fixed entropy temperature alpha), "
+                             "or None to learn alpha")
         if encoding_network_ctor is not None and (actor_network_cls is not None or critic_network_cls is not None):
             raise ValueError("SacAlgorithm.encoding_network_ctor (a shared encoder) and actor_network_cls / "
                              "critic_network_cls are exclusive; give one or the other")
@@ -127,7 +150,13 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise ValueError(f"SacAlgorithm.burn_in={burn_in} warms up a recurrent state; this SAC has none (set "
                              "EncodingNetwork.rnn and SacAlgorithm.encoding_network_ctor, or burn_in = 0)")
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
-        self.log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
+        # A fixed alpha is a buffer: kept in the state dict under the same name, never trained, no alpha group.
+        self.learns_alpha = ent_coef is None
+        if self.learns_alpha:
+            self.log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
+        else:
+            refuse_learned_alpha_bindings(ent_coef)
+            self.register_buffer("log_alpha", torch.tensor(math.log(ent_coef)))
         self.gamma = gamma
         self.tau = as_scheduler(target_update_tau)
         self.target_update_period = target_update_period
@@ -137,11 +166,14 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
 
     def param_groups(self) -> list[dict]:
-        """Three groups; a shared encoder is trained by the critic loss, so it is in the critic group."""
+        """Three groups (two with a fixed ``ent_coef``); a shared encoder is trained by the critic loss, so it is in the
+        critic group."""
         critic = list(self.critics.parameters()) + (list(self.encoder.parameters()) if self._encoded else [])
-        return [dict(name="actor", params=list(self.actor.parameters()), lr=self._lrs["actor"]),
-                dict(name="critic", params=critic, lr=self._lrs["critic"]),
-                dict(name="alpha", params=[self.log_alpha], lr=self._lrs["alpha"])]
+        groups = [dict(name="actor", params=list(self.actor.parameters()), lr=self._lrs["actor"]),
+                  dict(name="critic", params=critic, lr=self._lrs["critic"])]
+        if self.learns_alpha:  # a fixed alpha (ent_coef) has nothing to optimize
+            groups.append(dict(name="alpha", params=[self.log_alpha], lr=self._lrs["alpha"]))
+        return groups
 
     @property
     def recurrent(self) -> bool:
@@ -286,8 +318,11 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         actor_loss = alpha * log_prob - q_new
 
         log_prob = log_prob.detach()
-        # -log_alpha * (log_prob + target_entropy), as log_alpha * (-target_entropy - log_prob): the same floats
-        alpha_loss = self.log_alpha * torch.rsub(log_prob, -self.target_entropy.value())
+        if self.learns_alpha:
+            # -log_alpha * (log_prob + target_entropy), as log_alpha * (-target_entropy - log_prob): the same floats
+            alpha_loss = self.log_alpha * torch.rsub(log_prob, -self.target_entropy.value())
+        else:  # a fixed alpha (ent_coef): no alpha term
+            alpha_loss = torch.zeros_like(log_prob)
         return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, actor_loss, alpha_loss, log_prob, q,
                                          td_target))
 

@@ -128,6 +128,7 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     '*.actor_lr': POSITIVE,
     '*.critic_lr': POSITIVE,
     '*.alpha_lr': POSITIVE,
+    'SacAlgorithm.ent_coef': Range(0, low_open=True, note='the fixed entropy temperature alpha; None: learned'),
     '*.value_lr': POSITIVE,
     'IqlAlgorithm.expectile': Range(0, 1, low_open=True, high_open=True),
     'IqlAlgorithm.weight_temp': NON_NEGATIVE,
