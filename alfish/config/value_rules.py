@@ -143,6 +143,8 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     '*.value_loss_coef': NON_NEGATIVE,
     '*.entropy_coef': NON_NEGATIVE,
     '*.clip_range': POSITIVE,
+    'PpoAlgorithm.clip_range_vf': Range(0, low_open=True, note='in units of the value; None: no clipping'),
+    'PpoAlgorithm.target_kl': Range(0, low_open=True, note='None: no early stop'),
     '*.n_step': AT_LEAST_ONE,
     '*.num_critics': AT_LEAST_ONE,
     '*.epsilon_greedy': PROBABILITY,
