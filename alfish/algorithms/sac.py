@@ -32,6 +32,7 @@ from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.algorithms.debug_stats import masked_stats
+from alfish.algorithms.network_sizes import part_hidden_sizes
 from alfish.data import nest
 from alfish.data.state import is_empty
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
@@ -78,7 +79,11 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
     """SAC.
 
     Args:
-        hidden_sizes: hidden layers of the actor and of each critic.
+        hidden_sizes: hidden layers of the actor and of each critic (each part's default, see below).
+        actor_hidden_sizes, critic_hidden_sizes: SB3's ``net_arch=dict(pi=[...], qf=[...])``: the actor's and each
+            critic's own hidden layers (the default MLPs, flat or over a shared encoder); ``None``: ``hidden_sizes``.
+        activation: the default MLPs' activation between hidden layers (SB3's ``activation_fn``: 'relu', 'tanh',
+            'elu', ... see ``alfish.networks.mlp.ACTIVATIONS``).
         actor_lr, critic_lr, alpha_lr: Adam learning rates of the three parameter groups (numbers or schedules).
         gamma: discount per env step.
         target_update_tau: Polyak factor for target critics (1 = hard copy); a number or a schedule.
@@ -112,7 +117,8 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  num_critics: int = 2, actor_network_cls: Optional[Callable[..., nn.Module]] = None,
                  critic_network_cls: Optional[Callable[..., nn.Module]] = None,
                  encoding_network_ctor: Optional[Callable[..., nn.Module]] = None, burn_in: int = 0,
-                 ent_coef: Optional[float] = None):
+                 ent_coef: Optional[float] = None, actor_hidden_sizes: Optional[Sequence[int]] = None,
+                 critic_hidden_sizes: Optional[Sequence[int]] = None, activation: str = "relu"):
         super().__init__(observation_space, action_space)
         if self.discrete:
             raise ValueError(f"SacAlgorithm needs a Box action space, got {action_space}; use PpoAlgorithm or "
@@ -130,14 +136,16 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self.use_networks(actor_network_cls, critic_network_cls)
         # Plain bools (not properties over the modules): the feed-forward path pays one attribute read per branch.
         self._encoded = encoding_network_ctor is not None
+        sizes = part_hidden_sizes("SacAlgorithm", hidden_sizes, dict(actor=(actor_hidden_sizes, actor_network_cls),
+                                                                     critic=(critic_hidden_sizes, critic_network_cls)))
         if not self._encoded:
-            self.actor = self.build_network(actor_network_cls, 2 * self.action_dim, hidden_sizes)
-            self.critics = self.build_critics(critic_network_cls, num_critics, hidden_sizes)
+            self.actor = self.build_network(actor_network_cls, 2 * self.action_dim, sizes["actor"], activation)
+            self.critics = self.build_critics(critic_network_cls, num_critics, sizes["critic"], activation)
         else:
             self.encoder = build_encoder(encoding_network_ctor, self.encoder_space(), allow_recurrent=True)
             features = self.encoder.output_size
-            self.actor = MLP(features, 2 * self.action_dim, hidden_sizes)
-            self.critics = EnsembleCritic(num_critics, features + self.action_dim, 1, hidden_sizes)
+            self.actor = MLP(features, 2 * self.action_dim, sizes["actor"], activation)
+            self.critics = EnsembleCritic(num_critics, features + self.action_dim, 1, sizes["critic"], activation)
             self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
             # an encoder that only flattens (no fc layers, no core) has no parameters for its target to follow
             self._polyak_encoder = len(list(self.encoder.parameters())) > 0

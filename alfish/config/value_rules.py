@@ -136,6 +136,8 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     'OfflineData.offline_fraction': PROBABILITY,
     'OfflineData.in_memory_limit_mb': NON_NEGATIVE,
     '*.hidden_sizes': AT_LEAST_ONE,
+    '*.actor_hidden_sizes': AT_LEAST_ONE,
+    '*.critic_hidden_sizes': AT_LEAST_ONE,
     '*.activation': OneOf('alfish.networks.mlp:ACTIVATIONS'),
     '*.target_update_tau': DISCOUNT,
     '*.target_update_period': AT_LEAST_ONE,
