@@ -28,6 +28,7 @@ from alfish.algorithms.debug_stats import explained_variance, masked_stats
 from alfish.data import nest
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
+from alfish.networks.initialization import init_policy_value
 from alfish.schedulers import Scheduler, TracedValue
 
 
@@ -76,6 +77,11 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
             skipped (``WholeBufferTraining``). ``None`` (default): no check. When set, each mini-batch costs one
             more forward without gradient and one host sync (reading the KL), and under DDP one small all-reduce
             (every rank stops together); without it, nothing.
+        ortho_init: SB3's ``ortho_init``: ``True``: orthogonal weights, zero biases (gain sqrt(2) for the encoder and
+            hidden layers, 0.01 for the policy output, 1 for the value output); ``False``: PyTorch's default init
+            everywhere; ``None`` (default): alfish's init (PyTorch's default hidden layers, orthogonal outputs of gain
+            0.01 and 1). See ``alfish.networks.initialization``. SB3's ``log_std_init`` (Box actions) is
+            ``ActorCriticNetworks.initial_log_std``.
     """
 
     trains_recurrent_steps_alone = True  # (temporally_independent_train_step=True: each step from its stored state)
@@ -86,13 +92,15 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
                  value_loss_coef: float = 0.5, entropy_coef: float | Scheduler = 0.0,
                  normalize_advantages: bool = True, actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
                  value_network_ctor: Optional[Callable[..., nn.Module]] = None,
-                 clip_range_vf: Optional[float | Scheduler] = None, target_kl: Optional[float] = None):
+                 clip_range_vf: Optional[float | Scheduler] = None, target_kl: Optional[float] = None,
+                 ortho_init: Optional[bool] = None):
         super().__init__(observation_space, action_space)
         if target_kl is not None and not target_kl > 0:
             raise ValueError(f"PpoAlgorithm.target_kl={target_kl} must be > 0, or None for no early stop")
         self.use_networks(actor_network_ctor, value_network_ctor)
         self.net = ActorCriticNetworks(self, hidden_sizes, activation, actor_network_ctor=actor_network_ctor,
                                        value_network_ctor=value_network_ctor)
+        init_policy_value(ortho_init, self.net.policy, self.net.value_net, self.net.encoder)
         self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
         # read inside the loss: TracedValues, so that schedules do not recompile compiled updates
         self.clip_range, self.entropy_coef = TracedValue(clip_range), TracedValue(entropy_coef)
