@@ -1,12 +1,15 @@
 """SB3's ``net_arch=dict(pi=[...], qf=[...])`` and ``activation_fn`` for SAC and DDPG/TD3: ``actor_hidden_sizes``,
 ``critic_hidden_sizes`` (``None``: ``hidden_sizes``) and ``activation`` reach the default networks, flat or raw."""
+import gin
 import gymnasium as gym
 import pytest
 import torch
 from torch import nn
 
 from alfish.algorithms.ddpg import DdpgAlgorithm, Td3Algorithm
+from alfish.algorithms.ppo import PpoAlgorithm
 from alfish.algorithms.sac import SacAlgorithm
+from alfish.config import load_conf
 from alfish.networks.heads import CriticNetwork
 
 BOX = gym.spaces.Box(-1.0, 1.0, shape=(3,))
@@ -59,3 +62,17 @@ def test_own_sizes_beside_a_network_constructor_are_refused(cls, ctor_arg):
     with pytest.raises(ValueError, match=rf"{cls.__name__}.actor_hidden_sizes=\(8,\) sizes the default actor network, "
                                          "but an? actor network constructor is given"):
         cls(BOX, ACTION, actor_hidden_sizes=(8,), **{ctor_arg: lambda space, dim: nn.Linear(3, dim)})
+
+
+def test_ppo_net_arch_pi_vf_is_two_scoped_feed_forward_networks(tmp_path, monkeypatch):
+    # SB3 net_arch=dict(pi=[32, 16], vf=[64]) for PPO/A2C: scoped FeedForwardNetworks (as the report's translation)
+
+    monkeypatch.chdir(tmp_path)
+    load_conf(None, ["pi/FeedForwardNetwork.hidden_sizes = (32, 16)", "vf/FeedForwardNetwork.hidden_sizes = (64,)",
+                     "PpoAlgorithm.actor_network_ctor = @pi/FeedForwardNetwork",
+                     "PpoAlgorithm.value_network_ctor = @vf/FeedForwardNetwork", "PpoAlgorithm.ortho_init = True"])
+    try:
+        ppo = PpoAlgorithm(BOX, ACTION)
+    finally:
+        gin.clear_config()
+    assert linear_sizes(ppo.net.policy.head) == [32, 16, 2] and linear_sizes(ppo.net.value_net.head) == [64, 1]
