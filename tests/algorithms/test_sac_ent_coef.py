@@ -9,9 +9,11 @@ import pytest
 import torch
 
 from alfish.algorithms.sac import SacAlgorithm
-from alfish.config import ConfError, load_conf
+from alfish.config import ConfError, TrainerConfig, load_conf
 from alfish.data.types import StepType
+from alfish.trainer.build import build_trainer
 from tests.algorithms.test_sac_td_target import constant_ensemble, two_step_batch
+from tests.integration.inprocess import OFF_POLICY_POINT_GOAL
 
 SPACE = gym.spaces.Box(-1.0, 1.0, shape=(1,))
 
@@ -85,3 +87,23 @@ def test_a_learned_alpha_setting_next_to_a_fixed_alpha_is_an_error(binding):
     gin.bind_parameter(f"SacAlgorithm.{binding.split(' = ')[0]}", float(binding.split(" = ")[1]))
     with pytest.raises(ValueError, match=f"SacAlgorithm.{binding.split(' = ')[0]} is bound, but"):
         SacAlgorithm(SPACE, SPACE, hidden_sizes=(4,), ent_coef=0.1)
+
+
+def test_a_fixed_alpha_trains_through_the_trainer(tmp_path):
+    # the whole path (Learner with two parameter groups, summaries of alpha) with SAC's fixed alpha
+    conf = tmp_path / "sac.gin"
+    conf.write_text(OFF_POLICY_POINT_GOAL.replace("num_env_steps = 1500", "num_env_steps = 140").replace(
+        "TrainerConfig.evaluate = True", "TrainerConfig.evaluate = False") + """
+SacAlgorithm.hidden_sizes = (8,)
+SacAlgorithm.ent_coef = 0.2
+TrainerConfig.algorithm_ctor = @SacAlgorithm
+TrainerConfig.summary_interval = 10
+""")
+    load_conf(str(conf))
+    try:
+        trainer = build_trainer(TrainerConfig(root_dir=str(tmp_path / "run")))
+    finally:
+        gin.clear_config()
+    assert trainer.run() == 0
+    assert trainer.learner.num_updates == 40
+    assert trainer.algorithm.log_alpha.exp().item() == pytest.approx(0.2)
