@@ -13,6 +13,7 @@ from alfish.algorithms.base import OnPolicyAlgorithm
 from alfish.algorithms.debug_stats import explained_variance, masked_stats
 from alfish.data.types import Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
+from alfish.networks.initialization import init_policy_value
 from alfish.schedulers import Scheduler, TracedValue
 
 
@@ -30,6 +31,7 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
     Args: hidden_sizes/activation (policy and value MLPs), lr (Adam), gamma, gae_lambda (1.0 gives n-step returns),
     value_loss_coef, entropy_coef, normalize_advantages (standardize over the unroll). lr and entropy_coef may be
     schedules (alfish.schedulers). actor_network_ctor, value_network_ctor: the networks' constructors, as PPO's.
+    ortho_init: SB3's ``ortho_init`` (True, False, or None: alfish's init), as PPO's.
     """
 
 
@@ -38,11 +40,13 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
                  gamma: float = 0.99, gae_lambda: float = 1.0, value_loss_coef: float = 0.5,
                  entropy_coef: float | Scheduler = 0.0, normalize_advantages: bool = False,
                  actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
-                 value_network_ctor: Optional[Callable[..., nn.Module]] = None):
+                 value_network_ctor: Optional[Callable[..., nn.Module]] = None,
+                 ortho_init: Optional[bool] = None):
         super().__init__(observation_space, action_space)
         self.use_networks(actor_network_ctor, value_network_ctor)
         self.net = ActorCriticNetworks(self, hidden_sizes, activation, actor_network_ctor=actor_network_ctor,
                                        value_network_ctor=value_network_ctor)
+        init_policy_value(ortho_init, self.net.policy, self.net.value_net, self.net.encoder)
         if self.net.recurrent:
             raise ValueError("A2cAlgorithm does not train a recurrent encoder (EncodingNetwork.rnn); use "
                              "PpoAlgorithm, or set EncodingNetwork.rnn = None")

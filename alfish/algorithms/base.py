@@ -186,15 +186,15 @@ class RLAlgorithm(Algorithm):
         return gym.spaces.Box(-float("inf"), float("inf"), shape=(self.obs_dim,), dtype=np.float32)
 
     def build_critics(self, ctor: Optional[Callable[..., nn.Module]], num_critics: int,
-                      hidden_sizes: Sequence[int]) -> nn.Module:
+                      hidden_sizes: Sequence[int], activation: str = "relu") -> nn.Module:
         """An ensemble of ``num_critics`` critics ``(obs, action) -> [E, N, 1]``, one batched computation: an
         ``EnsembleCritic`` (flat mode, default MLPs), else a ``VmapEnsemble`` of ``ctor(observation_space,
-        action_dim)`` (default ``CriticNetwork`` with ``hidden_sizes``)."""
+        action_dim)`` (default ``CriticNetwork`` with ``hidden_sizes`` and ``activation``)."""
         if ctor is None and not self.raw_observations:
-            return EnsembleCritic(num_critics, self.obs_dim + self.action_dim, 1, hidden_sizes)
+            return EnsembleCritic(num_critics, self.obs_dim + self.action_dim, 1, hidden_sizes, activation)
         if ctor is None:
-            refuse_overridden_bindings("CriticNetwork", ("hidden_sizes",), type(self).__name__)
-        make = ctor or functools.partial(CriticNetwork, hidden_sizes=hidden_sizes)
+            refuse_overridden_bindings("CriticNetwork", ("hidden_sizes", "activation"), type(self).__name__)
+        make = ctor or functools.partial(CriticNetwork, hidden_sizes=hidden_sizes, activation=activation)
         return VmapEnsemble(lambda: make(self.observation_space, self.action_dim), num_critics)
 
     def network_input(self, obs: Any, batch_dims: int = 1) -> Any:

@@ -33,6 +33,7 @@ from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.algorithms.debug_stats import masked_stats
+from alfish.algorithms.network_sizes import part_hidden_sizes
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.networks.mlp import polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
@@ -51,7 +52,11 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
     """DDPG, and TD3 with ``num_critics=2, target_policy_noise=0.2, target_noise_clip=0.5, policy_delay=2``.
 
     Args:
-        hidden_sizes: hidden layers of the actor and of each critic.
+        hidden_sizes: hidden layers of the actor and of each critic (each part's default, see below).
+        actor_hidden_sizes, critic_hidden_sizes: SB3's ``net_arch=dict(pi=[...], qf=[...])``: the actor's and each
+            critic's own hidden layers (the default MLPs); ``None``: ``hidden_sizes``.
+        activation: the default MLPs' activation between hidden layers (SB3's ``activation_fn``: 'relu', 'tanh',
+            'elu', ... see ``alfish.networks.mlp.ACTIVATIONS``).
         actor_lr, critic_lr: Adam learning rates of the two parameter groups (numbers or schedules).
         gamma: discount per env step.
         target_update_tau: Polyak factor for the target actor and critics (1 = hard copy); number or schedule.
@@ -82,7 +87,9 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  exploration_noise: float | Scheduler = 0.1, num_critics: int = 1,
                  target_policy_noise: float = 0.0, target_noise_clip: float = 0.5, policy_delay: int = 1,
                  actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
-                 critic_network_ctor: Optional[Callable[..., nn.Module]] = None):
+                 critic_network_ctor: Optional[Callable[..., nn.Module]] = None,
+                 actor_hidden_sizes: Optional[Sequence[int]] = None,
+                 critic_hidden_sizes: Optional[Sequence[int]] = None, activation: str = "relu"):
         super().__init__(observation_space, action_space)
         if self.discrete:
             raise ValueError(f"{type(self).__name__} needs a Box action space, got {action_space}; use "
@@ -91,8 +98,11 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise ValueError(f"policy_delay={policy_delay}, target_update_period={target_update_period} and "
                              f"num_critics={num_critics} must all be >= 1")
         self.use_networks(actor_network_ctor, critic_network_ctor)
-        self.actor = self.build_network(actor_network_ctor, self.action_dim, hidden_sizes)
-        self.critics = self.build_critics(critic_network_ctor, num_critics, hidden_sizes)
+        sizes = part_hidden_sizes(type(self).__name__, hidden_sizes,
+                                  dict(actor=(actor_hidden_sizes, actor_network_ctor),
+                                       critic=(critic_hidden_sizes, critic_network_ctor)))
+        self.actor = self.build_network(actor_network_ctor, self.action_dim, sizes["actor"], activation)
+        self.critics = self.build_critics(critic_network_ctor, num_critics, sizes["critic"], activation)
         self.target_actor = copy.deepcopy(self.actor).requires_grad_(False)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.gamma = gamma

@@ -29,6 +29,7 @@ from alfish.algorithms.sde_actor_critic import SdeActorCriticNetworks
 from alfish.data import nest
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
+from alfish.networks.initialization import init_policy_value
 from alfish.networks.sde import check_sde_options
 from alfish.schedulers import Scheduler, TracedValue
 
@@ -69,6 +70,20 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
             (logits, or the Gaussian mean) and the value network (``output_dim`` 1); ``None``: MLPs of
             ``hidden_sizes`` (for images and dicts, heads over one shared ``EncodingNetwork``). See
             ``ActorCriticNetworks``.
+        clip_range_vf: SB3's value clipping, in the units of the value (the return): the predicted value is clipped
+            to ``old value +- clip_range_vf`` before its squared error with the value target (SB3's form: no max with
+            the unclipped error). A number > 0 or a schedule; ``None`` (default): no clipping.
+        target_kl: SB3's early stop: before each mini-batch update, the approximate KL ``mean((r - 1) - log r)`` of
+            the mini-batch (``r`` the probability ratio to the rollout policy, under the current parameters) is
+            computed; above ``1.5 * target_kl`` that update and every remaining one of this iteration's epochs are
+            skipped (``WholeBufferTraining``). ``None`` (default): no check. When set, each mini-batch costs one
+            more forward without gradient and one host sync (reading the KL), and under DDP one small all-reduce
+            (every rank stops together); without it, nothing.
+        ortho_init: SB3's ``ortho_init``: ``True``: orthogonal weights, zero biases (gain sqrt(2) for the encoder and
+            hidden layers, 0.01 for the policy output, 1 for the value output); ``False``: PyTorch's default init
+            everywhere; ``None`` (default): alfish's init (PyTorch's default hidden layers, orthogonal outputs of gain
+            0.01 and 1). See ``alfish.networks.initialization``. SB3's ``log_std_init`` (Box actions) is
+            ``ActorCriticNetworks.initial_log_std``.
         use_sde: explore with gSDE (``alfish.networks.sde``) instead of a state-independent Gaussian: the noise is
             the policy's last hidden layer times a noise matrix (``SdeActorCriticNetworks``). Box actions, flat
             observations and default networks only.
@@ -85,9 +100,13 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
                  gamma: float = 0.99, gae_lambda: float = 0.95, clip_range: float | Scheduler = 0.2,
                  value_loss_coef: float = 0.5, entropy_coef: float | Scheduler = 0.0,
                  normalize_advantages: bool = True, actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
-                 value_network_ctor: Optional[Callable[..., nn.Module]] = None, use_sde: bool = False,
-                 sde_sample_freq: int = -1, log_std_init: Optional[float] = None, full_std: bool = True):
+                 value_network_ctor: Optional[Callable[..., nn.Module]] = None,
+                 clip_range_vf: Optional[float | Scheduler] = None, target_kl: Optional[float] = None,
+                 ortho_init: Optional[bool] = None, use_sde: bool = False, sde_sample_freq: int = -1,
+                 log_std_init: Optional[float] = None, full_std: bool = True):
         super().__init__(observation_space, action_space)
+        if target_kl is not None and not target_kl > 0:
+            raise ValueError(f"PpoAlgorithm.target_kl={target_kl} must be > 0, or None for no early stop")
         check_sde_options("PpoAlgorithm", use_sde, sde_sample_freq, log_std_init, full_std)
         log_std_init = 0.0 if log_std_init is None else log_std_init  # SB3's default for PPO+gSDE
         self.use_networks(actor_network_ctor, value_network_ctor)
@@ -97,11 +116,14 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         else:
             self.net = ActorCriticNetworks(self, hidden_sizes, activation, actor_network_ctor=actor_network_ctor,
                                            value_network_ctor=value_network_ctor)
+        init_policy_value(ortho_init, self.net.policy, self.net.value_net, self.net.encoder)
         self.lr, self.gamma, self.gae_lambda = lr, gamma, gae_lambda
         # read inside the loss: TracedValues, so that schedules do not recompile compiled updates
         self.clip_range, self.entropy_coef = TracedValue(clip_range), TracedValue(entropy_coef)
         self.value_loss_coef = value_loss_coef
         self.normalize_advantages = normalize_advantages
+        self.clip_range_vf = None if clip_range_vf is None else TracedValue(clip_range_vf)
+        self.target_kl = target_kl
 
     @property
     def recurrent(self) -> bool:
@@ -189,8 +211,20 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         ratio = torch.exp(train_info.log_prob - old.log_prob.flatten())
         clip = self.clip_range.value()
         policy = -torch.min(ratio * adv, ratio.clamp(1 - clip, 1 + clip) * adv)
-        value = (old.value_target.flatten() - train_info.value) ** 2
+        predicted = train_info.value
+        if self.clip_range_vf is not None:  # SB3: old + clamp(new - old, -c, c)
+            old_value, clip_vf = old.value.flatten(), self.clip_range_vf.value()
+            predicted = old_value + (predicted - old_value).clamp(-clip_vf, clip_vf)
+        value = (old.value_target.flatten() - predicted) ** 2
         return dict(policy_loss=policy, value_loss=value, entropy=train_info.entropy, ratio=ratio, valid=valid)
+
+    def approx_kl(self, exp: Experience) -> torch.Tensor:
+        """SB3's approximate KL of the mini-batch ``exp`` ``[L, B]`` from the rollout policy to the current one, without
+        gradient: ``mean((r - 1) - log r)`` over its valid (not LAST) steps, ``r`` the probability ratio; 0-d."""
+        with torch.no_grad():
+            log_ratio = self.train_step(exp).info.log_prob - exp.rollout_info.log_prob.flatten()
+            valid = (exp.step_type != StepType.LAST).flatten().to(log_ratio.dtype)
+            return ((torch.expm1(log_ratio) - log_ratio) * valid).sum() / valid.sum().clamp(min=1.0)
 
     def calc_loss(self, exp: Experience, train_info: PpoTrainInfo) -> LossInfo:
         """Per-step loss ``[L, B]``; LAST steps (no successor) are masked out."""

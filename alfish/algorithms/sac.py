@@ -21,6 +21,7 @@ replay priority is R2D2's ``0.9 max + 0.1 mean`` of its |TD errors|. Continuous 
 from __future__ import annotations
 
 import copy
+import math
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import gin
@@ -31,6 +32,7 @@ from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.algorithms.debug_stats import masked_stats
+from alfish.algorithms.network_sizes import part_hidden_sizes
 from alfish.data import nest
 from alfish.data.state import is_empty
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
@@ -43,6 +45,19 @@ from alfish.networks.sde import SdeActor, check_sde_options, latent_size, tanh_l
 from alfish.schedulers import Scheduler, TracedValue, as_scheduler
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementation
+
+
+def refuse_learned_alpha_bindings(ent_coef: float) -> None:
+    """An error if the conf binds a setting of the learned temperature next to a fixed ``SacAlgorithm.ent_coef`` (the
+    binding would do nothing)."""
+    for param in ("initial_log_alpha", "alpha_lr", "target_entropy"):
+        try:
+            gin.query_parameter(f"SacAlgorithm.{param}")
+        except ValueError:  # not bound
+            continue
+        raise ValueError(f"SacAlgorithm.{param} is bound, but SacAlgorithm.ent_coef={ent_coef} fixes the entropy "
+                         f"temperature (nothing learns it): remove SacAlgorithm.{param}, or set ent_coef = None to "
+                         "learn alpha")
 
 
 class SacTrainInfo(NamedTuple):
@@ -66,13 +81,22 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
     """SAC.
 
     Args:
-        hidden_sizes: hidden layers of the actor and of each critic.
+        hidden_sizes: hidden layers of the actor and of each critic (each part's default, see below).
+        actor_hidden_sizes, critic_hidden_sizes: SB3's ``net_arch=dict(pi=[...], qf=[...])``: the actor's and each
+            critic's own hidden layers (the default MLPs, flat or over a shared encoder); ``None``: ``hidden_sizes``.
+        activation: the default MLPs' activation between hidden layers (SB3's ``activation_fn``: 'relu', 'tanh',
+            'elu', ... see ``alfish.networks.mlp.ACTIVATIONS``).
         actor_lr, critic_lr, alpha_lr: Adam learning rates of the three parameter groups (numbers or schedules).
         gamma: discount per env step.
         target_update_tau: Polyak factor for target critics (1 = hard copy); a number or a schedule.
         target_update_period: optimizer steps between target updates.
-        initial_log_alpha: starting log of the entropy temperature.
+        initial_log_alpha: starting log of the learned entropy temperature (RL Zoo's ``ent_coef='auto_0.1'`` is
+            ``initial_log_alpha = -2.302585``, i.e. log(0.1)).
         target_entropy: entropy the temperature aims for (number or schedule); ``None`` means ``-action_dim``.
+        ent_coef: SB3's fixed entropy coefficient: a number > 0 is the temperature alpha itself (not its log), held
+            fixed: no alpha loss, no ``alpha`` parameter group (``alpha_lr``, ``initial_log_alpha`` and
+            ``target_entropy`` then have no use and binding them is an error). ``None`` (default): alpha is learned
+            from ``initial_log_alpha`` towards ``target_entropy`` (SB3's ``'auto'``).
         num_critics: ensemble size; the TD target takes the minimum over members.
         actor_network_cls: ``cls(observation_space, 2 * action_dim)`` -> the actor (``obs -> [N, 2 * action_dim]``:
             mean and log-std of the pre-tanh Gaussian); ``None``: an MLP of ``hidden_sizes`` (through
@@ -102,6 +126,8 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  num_critics: int = 2, actor_network_cls: Optional[Callable[..., nn.Module]] = None,
                  critic_network_cls: Optional[Callable[..., nn.Module]] = None,
                  encoding_network_ctor: Optional[Callable[..., nn.Module]] = None, burn_in: int = 0,
+                 ent_coef: Optional[float] = None, actor_hidden_sizes: Optional[Sequence[int]] = None,
+                 critic_hidden_sizes: Optional[Sequence[int]] = None, activation: str = "relu",
                  use_sde: bool = False, sde_sample_freq: int = -1, log_std_init: Optional[float] = None,
                  full_std: bool = True):
         super().__init__(observation_space, action_space)
@@ -114,26 +140,31 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise ValueError(f"SacAlgorithm.target_update_period={target_update_period} must be >= 1")
         if burn_in < 0:
             raise ValueError(f"SacAlgorithm.burn_in={burn_in} must be >= 0")
+        if ent_coef is not None and not ent_coef > 0:
+            raise ValueError(f"SacAlgorithm.ent_coef={ent_coef} must be > 0 (the fixed entropy temperature alpha), "
+                             "or None to learn alpha")
         if encoding_network_ctor is not None and (actor_network_cls is not None or critic_network_cls is not None):
             raise ValueError("SacAlgorithm.encoding_network_ctor (a shared encoder) and actor_network_cls / "
                              "critic_network_cls are exclusive; give one or the other")
         self.use_networks(actor_network_cls, critic_network_cls)
         # Plain bools (not properties over the modules): the feed-forward path pays one attribute read per branch.
         self._encoded = encoding_network_ctor is not None
+        sizes = part_hidden_sizes("SacAlgorithm", hidden_sizes, dict(actor=(actor_hidden_sizes, actor_network_cls),
+                                                                     critic=(critic_hidden_sizes, critic_network_cls)))
         self.use_sde = use_sde
         if use_sde:
-            self.actor = self._sde_actor(actor_network_cls, critic_network_cls, encoding_network_ctor, hidden_sizes,
+            self.actor = self._sde_actor(actor_network_cls, critic_network_cls, encoding_network_ctor, sizes["actor"],
                                          dict(log_std_init=log_std_init, full_std=full_std,
-                                              sample_freq=sde_sample_freq))
-            self.critics = self.build_critics(critic_network_cls, num_critics, hidden_sizes)
+                                              sample_freq=sde_sample_freq), activation)
+            self.critics = self.build_critics(critic_network_cls, num_critics, sizes["critic"], activation)
         elif not self._encoded:
-            self.actor = self.build_network(actor_network_cls, 2 * self.action_dim, hidden_sizes)
-            self.critics = self.build_critics(critic_network_cls, num_critics, hidden_sizes)
+            self.actor = self.build_network(actor_network_cls, 2 * self.action_dim, sizes["actor"], activation)
+            self.critics = self.build_critics(critic_network_cls, num_critics, sizes["critic"], activation)
         else:
             self.encoder = build_encoder(encoding_network_ctor, self.encoder_space(), allow_recurrent=True)
             features = self.encoder.output_size
-            self.actor = MLP(features, 2 * self.action_dim, hidden_sizes)
-            self.critics = EnsembleCritic(num_critics, features + self.action_dim, 1, hidden_sizes)
+            self.actor = MLP(features, 2 * self.action_dim, sizes["actor"], activation)
+            self.critics = EnsembleCritic(num_critics, features + self.action_dim, 1, sizes["critic"], activation)
             self.target_encoder = copy.deepcopy(self.encoder).requires_grad_(False)
             # an encoder that only flattens (no fc layers, no core) has no parameters for its target to follow
             self._polyak_encoder = len(list(self.encoder.parameters())) > 0
@@ -146,7 +177,13 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise ValueError(f"SacAlgorithm.burn_in={burn_in} warms up a recurrent state; this SAC has none (set "
                              "EncodingNetwork.rnn and SacAlgorithm.encoding_network_ctor, or burn_in = 0)")
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
-        self.log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
+        # A fixed alpha is a buffer: kept in the state dict under the same name, never trained, no alpha group.
+        self.learns_alpha = ent_coef is None
+        if self.learns_alpha:
+            self.log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
+        else:
+            refuse_learned_alpha_bindings(ent_coef)
+            self.register_buffer("log_alpha", torch.tensor(math.log(ent_coef)))
         self.gamma = gamma
         self.tau = as_scheduler(target_update_tau)
         self.target_update_period = target_update_period
@@ -156,20 +193,23 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
 
     def _sde_actor(self, actor_cls: Any, critic_cls: Any, encoding_ctor: Any, hidden_sizes: Sequence[int],
-                   options: dict) -> SdeActor:
+                   options: dict, activation: str = "relu") -> SdeActor:
         """gSDE's actor (class docstring); ``options``: ``StateDependentNoise``'s."""
         if actor_cls is not None or critic_cls is not None or encoding_ctor is not None or self.raw_observations:
             raise OneLineValueError("SacAlgorithm.use_sde=True builds its own MLP actor over flat observations; leave "
                                     "actor_network_cls, critic_network_cls and encoding_network_ctor unset")
-        mlp = MLP(self.obs_dim, self.action_dim, hidden_sizes)
+        mlp = MLP(self.obs_dim, self.action_dim, hidden_sizes, activation)
         return SdeActor(mlp, latent_size(self.obs_dim, hidden_sizes), self.action_dim, mean_clip=2.0, **options)
 
     def param_groups(self) -> list[dict]:
-        """Three groups; a shared encoder is trained by the critic loss, so it is in the critic group."""
+        """Three groups (two with a fixed ``ent_coef``); a shared encoder is trained by the critic loss, so it is in the
+        critic group."""
         critic = list(self.critics.parameters()) + (list(self.encoder.parameters()) if self._encoded else [])
-        return [dict(name="actor", params=list(self.actor.parameters()), lr=self._lrs["actor"]),
-                dict(name="critic", params=critic, lr=self._lrs["critic"]),
-                dict(name="alpha", params=[self.log_alpha], lr=self._lrs["alpha"])]
+        groups = [dict(name="actor", params=list(self.actor.parameters()), lr=self._lrs["actor"]),
+                  dict(name="critic", params=critic, lr=self._lrs["critic"])]
+        if self.learns_alpha:  # a fixed alpha (ent_coef) has nothing to optimize
+            groups.append(dict(name="alpha", params=[self.log_alpha], lr=self._lrs["alpha"]))
+        return groups
 
     @property
     def recurrent(self) -> bool:
@@ -345,8 +385,11 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         actor_loss = alpha * log_prob - q_new
 
         log_prob = log_prob.detach()
-        # -log_alpha * (log_prob + target_entropy), as log_alpha * (-target_entropy - log_prob): the same floats
-        alpha_loss = self.log_alpha * torch.rsub(log_prob, -self.target_entropy.value())
+        if self.learns_alpha:
+            # -log_alpha * (log_prob + target_entropy), as log_alpha * (-target_entropy - log_prob): the same floats
+            alpha_loss = self.log_alpha * torch.rsub(log_prob, -self.target_entropy.value())
+        else:  # a fixed alpha (ent_coef): no alpha term
+            alpha_loss = torch.zeros_like(log_prob)
         return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, actor_loss, alpha_loss, log_prob, q,
                                          td_target))
 

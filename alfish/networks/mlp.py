@@ -12,8 +12,9 @@ from torch import nn
 
 # ReLU runs in place: the preceding matmul's backward needs its inputs, not its output, so overwriting the output is
 # safe and saves an allocation and a memory pass per layer.
+# 'leaky_relu' is SB3's nn.LeakyReLU (negative slope 0.01).
 ACTIVATIONS = {"relu": functools.partial(nn.ReLU, inplace=True), "tanh": nn.Tanh, "elu": nn.ELU, "gelu": nn.GELU,
-               "silu": nn.SiLU}
+               "silu": nn.SiLU, "leaky_relu": nn.LeakyReLU}
 
 
 def activation_class(name: str) -> Callable[[], nn.Module]:

@@ -21,7 +21,7 @@ from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
 from alfish.config.trainer_config import TrainerConfig
 from alfish.data.types import BatchInfo, Experience, StepType
-from alfish.learn.distributed import merge_statistics_across_ranks
+from alfish.learn.distributed import any_rank, merge_statistics_across_ranks
 from alfish.learn.learner import Learner
 from alfish.replay.batching import WholeBufferBatches, to_time_major
 from alfish.replay.replay_buffer import ReplayBuffer
@@ -214,7 +214,13 @@ class SampledReplayTraining(ReplayTraining):
 
 class WholeBufferTraining(ReplayTraining):
     """Epochs of shuffled mini-batches over everything stored; then (with ``clear``) all but the newest step of each
-    env is forgotten: the next unroll's first transition starts from it, so every transition is trained on once."""
+    env is forgotten: the next unroll's first transition starts from it, so every transition is trained on once.
+
+    An algorithm with a ``target_kl`` (PPO's, SB3's early stop) stops the iteration's epochs at the first mini-batch
+    whose ``approx_kl`` exceeds ``1.5 * target_kl``, before updating on it. That check reads the KL on the host (one
+    sync per mini-batch, and under DDP one all-reduce, so that every rank stops at the same mini-batch); it runs only
+    when ``target_kl`` is set.
+    """
 
     def __init__(self, parts: StepParts, replay: ReplayBuffer, settings: ReplaySettings, clear: bool = True):
         super().__init__(parts, replay, settings)
@@ -226,9 +232,25 @@ class WholeBufferTraining(ReplayTraining):
         exp = self.transformer.transform_experience(raw)
         exp = self.algorithm.preprocess_experience(exp)
         batches = WholeBufferBatches(exp, self.settings.mini_batch_length or 1, self.settings.mini_batch_size)
+        target_kl = getattr(self.algorithm, "target_kl", None)  # PPO's early stop (None: none, and no check)
         for _ in range(self.num_updates):
-            for batch in batches.epoch():
-                self.learner.update(batch)
+            if not self._train_epoch(batches, target_kl):
+                break  # the KL check stopped this epoch: the remaining ones are skipped too
         self.last_actions = exp.action, exp.step_type  # this iteration's rollout (batch-major [B, T])
         if self.clear:
             self.replay.clear(keep_last=1)
+
+    def _train_epoch(self, batches: WholeBufferBatches, target_kl: Optional[float]) -> bool:
+        """One update per mini-batch of a shuffled pass over ``batches``; False when the KL check stopped it."""
+        for batch in batches.epoch():
+            if target_kl is not None and self._kl_too_large(batch, target_kl):
+                return False
+            self.learner.update(batch)
+        return True
+
+    def _kl_too_large(self, batch: Experience, target_kl: float) -> bool:
+        """Whether the mini-batch's approximate KL exceeds ``1.5 * target_kl`` on this rank or any other (SB3's
+        threshold); one host read of the KL."""
+        with self.learner.loss_context():
+            kl = float(self.algorithm.approx_kl(batch))
+        return any_rank([kl > 1.5 * target_kl], self.learner.dist)[0]

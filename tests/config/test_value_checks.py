@@ -62,7 +62,8 @@ BAD_VALUES = [
     ("Trainer.stop_grace_s = 0", "a number > 0 (seconds after SIGTERM before the process ends anyway)"),
     # Misspelled strings from a fixed set: the closest valid one is suggested.
     ("create_environment.vectorization = 'asyn'", "one of 'sync', 'async', 'envpool'; did you mean 'async'?"),
-    ("PpoAlgorithm.activation = 'Tanh'", "one of 'relu', 'tanh', 'elu', 'gelu', 'silu'; did you mean 'tanh'?"),
+    ("PpoAlgorithm.activation = 'Tanh'",
+     "one of 'relu', 'tanh', 'elu', 'gelu', 'silu', 'leaky_relu'; did you mean 'tanh'?"),
     ("DevicePolicy.device = 'cpuu'", "one of 'auto', 'cpu', 'cuda', 'cuda:N'; did you mean 'cpu'?"),
     ("Trainer.num_threads = 'atuo'", "an int >= 1, 'auto' or None; did you mean 'auto'?"),
     ("LinearScheduler.progress_type = 'percnt'",
