@@ -27,8 +27,8 @@ PpoAlgorithm.hidden_sizes = (32,)
 PpoAlgorithm.lr = 1e-2
 PpoAlgorithm.entropy_coef = 0.0
 TrainerConfig.algorithm_ctor = @PpoAlgorithm
-TrainerConfig.num_iterations = 20
-TrainerConfig.eval_interval = 5
+TrainerConfig.num_iterations = 16
+TrainerConfig.eval_interval = 4
 TrainerConfig.whole_replay_buffer_training = True
 TrainerConfig.clear_replay_buffer = True
 TrainerConfig.replay_buffer_length = 9
@@ -39,7 +39,8 @@ TrainerConfig.num_updates_per_train_iter = 4
 
 A2C = COMMON + """
 A2cAlgorithm.hidden_sizes = (32,)
-A2cAlgorithm.lr = 1e-2
+A2cAlgorithm.lr = 3e-2
+A2cAlgorithm.normalize_advantages = True
 A2cAlgorithm.entropy_coef = 0.0
 TrainerConfig.algorithm_ctor = @A2cAlgorithm
 TrainerConfig.num_iterations = 40
@@ -53,5 +54,16 @@ TrainerConfig.eval_interval = 10
 def test_greedy_policy_becomes_optimal(tmp_path, algorithm, env_name):
     conf = {"ppo": PPO, "a2c": A2C}[algorithm] + f"create_environment.env_name = '{env_name}'\n"
     returns = [r["average_return"] for r in eval_log(run_trainer_from_text(tmp_path, conf))]
-    assert returns[0] < 0.9, returns  # it started away from the optimum
     assert returns[-1] >= 1.0 - 1e-6, returns
+    assert max(returns) <= 1.0 + 1e-6
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("env_name", ["alfish/MatchSubActions-v0", "alfish/MatchBits-v0"])
+def test_without_learning_the_greedy_policy_is_not_optimal(tmp_path, env_name):
+    # The control for the test above: the same run with a negligible learning rate stays below the optimum, so
+    # reaching it is the algorithm's doing and not the env's or the evaluation's.
+    conf = PPO + f"create_environment.env_name = '{env_name}'\n"
+    params = ["PpoAlgorithm.lr = 1e-9", "TrainerConfig.num_iterations = 4"]
+    returns = [r["average_return"] for r in eval_log(run_trainer_from_text(tmp_path, conf, params))]
+    assert returns and max(returns) <= 0.9, returns
