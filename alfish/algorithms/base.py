@@ -31,6 +31,7 @@ from torch import nn
 from alfish.data import nest
 from alfish.data.state import is_empty, reset_state_at_first  # noqa: F401  (re-exported)
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, TimeStep
+from alfish.envs.contract import one_line
 from alfish.envs.spec import MULTI_ACTION_SPACES
 from alfish.errors import OneLineValueError
 from alfish.networks.encoding import is_flat_space
@@ -180,11 +181,11 @@ class RLAlgorithm(Algorithm):
         it in one line when this algorithm cannot drive it."""
         if not self.drives_multi_actions:
             raise OneLineValueError(f"{type(self).__name__} cannot drive {type(action_space).__name__} actions "
-                                    f"({action_space}); PpoAlgorithm and A2cAlgorithm can (one categorical or "
-                                    "Bernoulli per sub-action)")
+                                    f"({one_line(action_space)}); PpoAlgorithm and A2cAlgorithm can (one categorical "
+                                    "or Bernoulli per sub-action)")
         if len(action_space.shape) != 1:
             raise OneLineValueError(f"{type(self).__name__} drives {type(action_space).__name__} actions of one "
-                                    f"dimension, got {action_space} of shape {action_space.shape}")
+                                    f"dimension, got {one_line(action_space)} of shape {action_space.shape}")
         self.action_dim = int(action_space.shape[0])
         if isinstance(action_space, gym.spaces.MultiBinary):
             self.action_kind = "multi_binary"

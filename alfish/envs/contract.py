@@ -83,17 +83,23 @@ def check_spaces(env_name: str, observation_space: gym.Space, action_space: gym.
                                "action_space is one of them)")
 
 
+def one_line(space: gym.Space) -> str:
+    """``str(space)`` on one line (a 2-D MultiDiscrete prints its ``nvec`` over several)."""
+    return " ".join(str(space).split())
+
+
 def _check_multi_action_space(env_name: str, action: gym.Space) -> None:
     """A MultiDiscrete or MultiBinary action space must be one-dimensional (``k`` sub-actions, a ``[B, k]`` action);
     a MultiDiscrete's sub-actions start at 0, as a Discrete's."""
     if len(action.shape) != 1:
-        raise EnvContractError(f"env '{env_name}' has action space {action} of shape {action.shape}; alfish drives "
-                               f"{type(action).__name__} actions as one vector of sub-actions: give it a 1-D shape (a "
-                               "gymnasium.ActionWrapper that reshapes the action does it)")
+        raise EnvContractError(f"env '{env_name}' has action space {one_line(action)} of shape {action.shape}; alfish "
+                               f"drives {type(action).__name__} actions as one vector of sub-actions: give it a 1-D "
+                               "shape (a gymnasium.ActionWrapper that reshapes the action does it)")
     if isinstance(action, gym.spaces.MultiDiscrete) and np.any(action.start != 0):
-        raise EnvContractError(f"env '{env_name}' has action space {action} with start={action.start.tolist()}; "
-                               "alfish's discrete sub-actions are 0..n-1: give the action_space start=0 (a "
-                               "gymnasium.ActionWrapper that adds the start to the action does it)")
+        raise EnvContractError(f"env '{env_name}' has action space {one_line(action)} with "
+                               f"start={action.start.tolist()}; alfish's discrete sub-actions are 0..n-1: give the "
+                               "action_space start=0 (a gymnasium.ActionWrapper that adds the start to the action "
+                               "does it)")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
