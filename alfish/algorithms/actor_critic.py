@@ -2,6 +2,9 @@
 
 Discrete actions: a categorical over logits. Box actions: a diagonal Gaussian with a state-independent log-std (as
 SB3/CleanRL), sampled unsquashed; the env clips to the bounds, the stored action is the unclipped sample.
+MultiDiscrete actions: one categorical per sub-action over its slice of the logits; MultiBinary: one Bernoulli per
+sub-action (as SB3's MultiCategoricalDistribution and BernoulliDistribution): log-prob and entropy are the sums over the
+sub-actions, the greedy action is each sub-action's mode.
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from alfish.networks.mlp import MLP
 
 
 class PolicyOutput(NamedTuple):
-    action: torch.Tensor    # [N] int64 or [N, action_dim]
+    action: torch.Tensor    # [N] int64 (Discrete), [N, k] int64 (MultiDiscrete/MultiBinary) or [N, action_dim]
     log_prob: torch.Tensor  # [N]
     entropy: torch.Tensor   # [N]
     value: torch.Tensor     # [N]
@@ -28,10 +31,12 @@ class PolicyOutput(NamedTuple):
 
 
 class ActorCriticParams:
-    """For algorithms whose trainable parameters are one ``ActorCriticNetworks`` (``self.net``) at rate ``self.lr``."""
+    """For algorithms whose trainable parameters are one ``ActorCriticNetworks`` (``self.net``) at rate ``self.lr``.
+    Their policy drives every action space ``ActorCriticNetworks`` has a head for, MultiDiscrete/MultiBinary too."""
 
     net: "ActorCriticNetworks"
     lr: object  # a number or a schedule
+    drives_multi_actions = True
 
     def param_groups(self) -> list[dict]:
         return [dict(name="actor_critic", params=list(self.net.parameters()), lr=self.lr)]
@@ -61,7 +66,8 @@ class ActorCriticNetworks(nn.Module):
                  encoding_network_ctor: Optional[Callable[..., nn.Module]] = None):
         super().__init__()
         self.discrete = algorithm.discrete
-        action_dim = algorithm.num_actions if self.discrete else algorithm.action_dim
+        self.action_kind = getattr(algorithm, "action_kind", "discrete" if self.discrete else "box")
+        action_dim = self._policy_output_size(algorithm)
         self.encoder: Optional[nn.Module] = None
         shared = encoding_network_ctor is not None or (
             algorithm.raw_observations and actor_network_ctor is None and value_network_ctor is None)
@@ -77,8 +83,20 @@ class ActorCriticNetworks(nn.Module):
         else:
             self.policy = algorithm.build_network(actor_network_ctor, action_dim, hidden_sizes, activation, 0.01)
             self.value_net = algorithm.build_network(value_network_ctor, 1, hidden_sizes, activation, 1.0)
-        if not self.discrete:
+        if self.action_kind == "box":
             self.log_std = nn.Parameter(torch.full((action_dim,), float(initial_log_std)))
+        if self.action_kind == "multi_discrete":
+            self.action_nvec = algorithm.action_nvec
+            self.register_buffer("_nvec_layout", D.multi_categorical_layout(self.action_nvec), persistent=False)
+
+    def _policy_output_size(self, algorithm: Any) -> int:
+        """The policy network's output size: logits of each choice (Discrete: ``n``; MultiDiscrete: ``sum(nvec)``),
+        one logit per sub-action (MultiBinary: ``k``) or the Gaussian's mean (Box: ``action_dim``)."""
+        if self.action_kind == "discrete":
+            return algorithm.num_actions
+        if self.action_kind == "multi_discrete":
+            return sum(algorithm.action_nvec)
+        return algorithm.action_dim
 
     @property
     def recurrent(self) -> bool:
@@ -105,10 +123,23 @@ class ActorCriticNetworks(nn.Module):
         return (*self._outputs(features), state)
 
     def _log_prob_entropy(self, out: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-prob ``[N]`` of ``action`` and entropy ``[N]`` of the policy whose network output is ``out``."""
         if self.discrete:
             return D.categorical_log_prob(out, action), D.categorical_entropy(out)
+        if self.action_kind == "multi_discrete":
+            logits = D.multi_categorical_logits(out, self.action_nvec, self._nvec_layout)
+            return D.multi_categorical_log_prob(logits, action), D.multi_categorical_entropy(logits)
+        if self.action_kind == "multi_binary":
+            return D.bernoulli_log_prob(out, action), D.bernoulli_entropy(out)
         log_std = self.log_std.expand_as(out)
         return D.gaussian_log_prob(action, out, log_std), D.gaussian_entropy(log_std)
+
+    def _multi_action(self, out: torch.Tensor, greedy: bool) -> torch.Tensor:
+        """A MultiDiscrete / MultiBinary action ``[N, k]`` int64: each sub-action's mode (``greedy``) or a sample."""
+        if self.action_kind == "multi_binary":
+            return D.bernoulli_mode(out) if greedy else D.bernoulli_sample(out)
+        logits = D.multi_categorical_logits(out, self.action_nvec, self._nvec_layout)
+        return logits.argmax(-1) if greedy else D.categorical_sample(logits)
 
     def act(self, obs: Any, greedy: bool, state: Any = EMPTY) -> PolicyOutput:
         """Sample (or take the mode of) the policy at ``obs``; also returns log-prob, entropy, value and the next
@@ -116,6 +147,8 @@ class ActorCriticNetworks(nn.Module):
         out, value, state = self._heads(obs, state)
         if self.discrete:
             action = out.argmax(-1) if greedy else D.categorical_sample(out)
+        elif self.action_kind != "box":
+            action = self._multi_action(out, greedy)
         else:
             # The sample is detached: its log-prob must depend on the mean (score-function gradient), which the
             # reparameterised sample would cancel out.

@@ -31,6 +31,9 @@ from torch import nn
 from alfish.data import nest
 from alfish.data.state import is_empty, reset_state_at_first  # noqa: F401  (re-exported)
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, TimeStep
+from alfish.envs.contract import one_line
+from alfish.envs.spec import MULTI_ACTION_SPACES
+from alfish.errors import OneLineValueError
 from alfish.networks.encoding import is_flat_space
 from alfish.networks.ensemble import EnsembleCritic, VmapEnsemble
 from alfish.networks.heads import CriticNetwork, FeedForwardNetwork, refuse_overridden_bindings
@@ -128,7 +131,13 @@ class Algorithm(nn.Module):
 
 
 class RLAlgorithm(Algorithm):
-    """An algorithm acting in an env with Box (or dict-of-Box) observations and Box or Discrete actions.
+    """An algorithm acting in an env with Box (or dict-of-Box) observations and Box or Discrete actions (and
+    MultiDiscrete / MultiBinary actions where the subclass sets ``drives_multi_actions``).
+
+    Action attributes: ``action_kind`` (``'box' | 'discrete' | 'multi_discrete' | 'multi_binary'``); ``discrete``
+    (True for a Discrete only); ``num_actions`` (Discrete: ``n``); ``action_dim`` (Box: the flattened size; Discrete:
+    1; Multi*: ``k``, the number of sub-actions); ``action_nvec`` (MultiDiscrete: the choices per sub-action, a tuple
+    of ``k`` ints); ``action_low`` / ``action_high`` (Box: the bounds ``[action_dim]``).
 
     What its networks see (``network_input``), decided once by ``use_networks``:
       - flat mode, when the observation is a vector (or a dict of vectors) and no network constructor was given: the
@@ -141,6 +150,10 @@ class RLAlgorithm(Algorithm):
     used by ``predict_step`` lives here once.
     """
 
+    #: Whether the policy can drive MultiDiscrete / MultiBinary actions (one categorical / Bernoulli per sub-action);
+    #: the others refuse those spaces when built.
+    drives_multi_actions: bool = False
+
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space):
         super().__init__()
         self.observation_space = observation_space
@@ -148,9 +161,12 @@ class RLAlgorithm(Algorithm):
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         self._obs_keys = list(observation_space.spaces) if isinstance(observation_space, gym.spaces.Dict) else None
         self.obs_dim = int(gym.spaces.flatdim(observation_space))
+        self.action_kind = "discrete" if self.discrete else "box"
         if self.discrete:
             self.num_actions = int(action_space.n)
             self.action_dim = 1
+        elif isinstance(action_space, MULTI_ACTION_SPACES):
+            self._use_multi_action_space(action_space)
         else:
             self.action_dim = int(torch.tensor(action_space.shape).prod())
             low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)
@@ -159,6 +175,23 @@ class RLAlgorithm(Algorithm):
                 raise ValueError(f"action space {action_space} has infinite bounds; alfish needs bounded Box actions")
             self.register_buffer("action_low", low, persistent=False)
             self.register_buffer("action_high", high, persistent=False)
+
+    def _use_multi_action_space(self, action_space: gym.Space) -> None:
+        """Sets the action attributes (class docstring) of a MultiDiscrete / MultiBinary ``action_space``, or refuses
+        it in one line when this algorithm cannot drive it."""
+        if not self.drives_multi_actions:
+            raise OneLineValueError(f"{type(self).__name__} cannot drive {type(action_space).__name__} actions "
+                                    f"({one_line(action_space)}); PpoAlgorithm and A2cAlgorithm can (one categorical "
+                                    "or Bernoulli per sub-action)")
+        if len(action_space.shape) != 1:
+            raise OneLineValueError(f"{type(self).__name__} drives {type(action_space).__name__} actions of one "
+                                    f"dimension, got {one_line(action_space)} of shape {action_space.shape}")
+        self.action_dim = int(action_space.shape[0])
+        if isinstance(action_space, gym.spaces.MultiBinary):
+            self.action_kind = "multi_binary"
+        else:
+            self.action_kind = "multi_discrete"
+            self.action_nvec = tuple(int(n) for n in action_space.nvec)
 
     # --- networks: built from gin constructors, or the defaults sized by hidden_sizes -------------------------------
     def use_networks(self, *network_ctors: Optional[Callable[..., nn.Module]]) -> None:

@@ -20,6 +20,7 @@ from alfish.data.types import StepType, TimeStep
 from alfish.envs.contract import EnvContractError
 from alfish.envs.episode_log import RESTORE, RESTORE_HEARTBEAT, check_resume_states
 from alfish.envs.factory import EnvFactory
+from alfish.envs.spec import action_layout
 from alfish.envs.step_watch import StepWatch
 from alfish.envs.workers import EnvWorkers
 
@@ -31,7 +32,8 @@ class BatchedEnv:
 
     Observations: a Box space, returned as ``[B, *obs_shape]`` float32 (integer Boxes such as uint8 images keep their
     dtype, so the replay buffer stores them compactly), or a Dict of Boxes (goal-conditioned envs), returned as a dict
-    of such tensors. Actions: Box (float32 ``[B, *action_shape]``, clipped to the bounds) or Discrete (int64 ``[B]``).
+    of such tensors. Actions: Box (float32 ``[B, *action_shape]``, clipped to the bounds), Discrete (int64 ``[B]``) or
+    MultiDiscrete / MultiBinary (int64 ``[B, k]``, handed to the env in its space's dtype).
     An env that breaks this contract raises ``EnvContractError`` (one line); a failed async worker ``EnvWorkerError``.
     """
 
@@ -74,15 +76,16 @@ class BatchedEnv:
         self.observation_space = self._venv.single_observation_space
         self.action_space = self._venv.single_action_space
         self.discrete = isinstance(self.action_space, gym.spaces.Discrete)
-        self.action_shape = () if self.discrete else tuple(self.action_space.shape)
-        if not self.discrete:
+        self._action_dtype, self.action_shape = action_layout(self.action_space)
+        self._integer_actions = not self._action_dtype.is_floating_point  # Discrete, MultiDiscrete, MultiBinary
+        self._env_action_dtype = self.action_space.dtype  # e.g. int8 for MultiBinary
+        if not self._integer_actions:
             self._low = np.asarray(self.action_space.low, dtype=np.float32)
             self._high = np.asarray(self.action_space.high, dtype=np.float32)
         self._seed = seed
         self._env_id = torch.arange(num_envs, dtype=torch.int64)
         self._prev_done = np.zeros(num_envs, dtype=bool)
-        self._zero_action = torch.zeros((num_envs,) + self.action_shape,
-                                        dtype=torch.int64 if self.discrete else torch.float32)
+        self._zero_action = torch.zeros((num_envs,) + self.action_shape, dtype=self._action_dtype)
 
     # ----------------------------------------------------------------------------------------------------------------
     def reset(self, seed: Optional[int] = None) -> TimeStep:
@@ -175,8 +178,7 @@ class BatchedEnv:
 
     def random_action(self) -> torch.Tensor:
         """A uniformly random action for each env, ``[B, *action_shape]``."""
-        return torch.as_tensor(self._venv.action_space.sample(),
-                               dtype=torch.int64 if self.discrete else torch.float32)
+        return torch.as_tensor(self._venv.action_space.sample(), dtype=self._action_dtype)
 
     def render(self) -> Any:
         return self._venv.render()
@@ -210,11 +212,11 @@ class BatchedEnv:
             got = list(action.shape)
             raise ValueError(f"action has shape {got} but env '{self.env_name}' ({self.action_space}) with "
                              f"{self.num_envs} envs expects {list(expected)}")
-        if self.discrete:
+        if self._integer_actions:
             if action.dtype.is_floating_point or action.dtype == torch.bool:
                 raise ValueError(f"action has dtype {action.dtype} but env '{self.env_name}' ({self.action_space}) "
                                  "expects an integer dtype (e.g. torch.int64)")
-            return action.numpy().astype(np.int64, copy=False)
+            return action.numpy().astype(self._env_action_dtype, copy=False)
         if not action.dtype.is_floating_point:
             raise ValueError(f"action has dtype {action.dtype} but env '{self.env_name}' ({self.action_space}) "
                              "expects a floating dtype (e.g. torch.float32)")

@@ -52,7 +52,8 @@ class EnvContractError(OneLineValueError):
 
 def check_spaces(env_name: str, observation_space: gym.Space, action_space: gym.Space) -> None:
     """``EnvContractError`` unless the observation space is a Box or a Dict of Boxes and the action space a Box of
-    floats with finite bounds (actions are scaled into them) or a Discrete starting at 0."""
+    floats with finite bounds (actions are scaled into them), a Discrete starting at 0, or a one-dimensional
+    MultiDiscrete (starting at 0) or MultiBinary."""
     space = observation_space
     leaves = list(space.spaces.values()) if isinstance(space, gym.spaces.Dict) else [space]
     if not all(isinstance(leaf, gym.spaces.Box) for leaf in leaves):
@@ -74,9 +75,31 @@ def check_spaces(env_name: str, observation_space: gym.Space, action_space: gym.
                                    "action_space the finite low/high its actions really have (a "
                                    "gymnasium.ActionWrapper can; gymnasium.wrappers.RescaleAction and ClipAction keep "
                                    "infinite bounds)")
+    elif isinstance(action, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
+        _check_multi_action_space(env_name, action)
     else:
-        raise EnvContractError(f"env '{env_name}' has action space {action}; alfish supports Box and Discrete actions "
-                               "(wrap the env in a gymnasium.ActionWrapper whose action_space is one of them)")
+        raise EnvContractError(f"env '{env_name}' has action space {action}; alfish supports Box, Discrete, "
+                               "MultiDiscrete and MultiBinary actions (wrap the env in a gymnasium.ActionWrapper whose "
+                               "action_space is one of them)")
+
+
+def one_line(space: gym.Space) -> str:
+    """``str(space)`` on one line (a 2-D MultiDiscrete prints its ``nvec`` over several)."""
+    return " ".join(str(space).split())
+
+
+def _check_multi_action_space(env_name: str, action: gym.Space) -> None:
+    """A MultiDiscrete or MultiBinary action space must be one-dimensional (``k`` sub-actions, a ``[B, k]`` action);
+    a MultiDiscrete's sub-actions start at 0, as a Discrete's."""
+    if len(action.shape) != 1:
+        raise EnvContractError(f"env '{env_name}' has action space {one_line(action)} of shape {action.shape}; alfish "
+                               f"drives {type(action).__name__} actions as one vector of sub-actions: give it a 1-D "
+                               "shape (a gymnasium.ActionWrapper that reshapes the action does it)")
+    if isinstance(action, gym.spaces.MultiDiscrete) and np.any(action.start != 0):
+        raise EnvContractError(f"env '{env_name}' has action space {one_line(action)} with "
+                               f"start={action.start.tolist()}; alfish's discrete sub-actions are 0..n-1: give the "
+                               "action_space start=0 (a gymnasium.ActionWrapper that adds the start to the action "
+                               "does it)")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

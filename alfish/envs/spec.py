@@ -21,7 +21,7 @@ class EnvSpec:
     """The spaces of one env and the number of envs stepped together (picklable: it crosses processes).
 
     observation_space: a Box or a Dict of Boxes, as the env reports it (before data transformers).
-    action_space: a Box or a Discrete.
+    action_space: a Box, a Discrete, or a one-dimensional MultiDiscrete / MultiBinary (PPO and A2C only).
     num_envs: ``B``, envs in this process's batch.
     """
 
@@ -43,13 +43,27 @@ class EnvSpec:
             observation = {key: _zeros(n, leaf) for key, leaf in space.spaces.items()}
         else:
             observation = _zeros(n, space)
-        if isinstance(self.action_space, gym.spaces.Discrete):
-            prev_action = torch.zeros(n, dtype=torch.int64)
-        else:
-            prev_action = torch.zeros((n,) + tuple(self.action_space.shape), dtype=torch.float32)
+        dtype, shape = action_layout(self.action_space)
+        prev_action = torch.zeros((n,) + shape, dtype=dtype)
         return TimeStep(step_type=torch.full((n,), StepType.FIRST, dtype=torch.int8), reward=torch.zeros(n),
                         discount=torch.ones(n), observation=observation, prev_action=prev_action,
                         env_id=torch.arange(n, dtype=torch.int64))
+
+
+#: Action spaces of several discrete choices per step, driven as integer vectors (one categorical or one Bernoulli per
+#: entry); only the algorithms whose policy has such a head accept them (``RLAlgorithm.drives_multi_actions``).
+MULTI_ACTION_SPACES = (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
+
+
+def action_layout(space: gym.Space) -> tuple[torch.dtype, tuple[int, ...]]:
+    """``(dtype, shape)`` of one env's action as alfish's tensors hold it (env, rollout, replay, trajectories):
+    Discrete: int64 ``()``; MultiDiscrete / MultiBinary: int64 ``(k,)`` (the env gets its space's own dtype, e.g.
+    MultiBinary's int8); Box: float32 of its shape."""
+    if isinstance(space, gym.spaces.Discrete):
+        return torch.int64, ()
+    if isinstance(space, MULTI_ACTION_SPACES):
+        return torch.int64, tuple(space.shape)
+    return torch.float32, tuple(space.shape)
 
 
 def _zeros(num_envs: int, space: gym.spaces.Box) -> torch.Tensor:

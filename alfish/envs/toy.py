@@ -2,7 +2,8 @@
 
 They are registered as gymnasium ids ``alfish/PointGoal-v0`` (continuous), ``alfish/Chain-v0`` (discrete) and
 ``alfish/MemoryCue-v0`` (discrete, needs memory: a recurrent policy) with its continuous-action variant
-``alfish/MemoryCueContinuous-v0``.
+``alfish/MemoryCueContinuous-v0``, and ``alfish/MatchSubActions-v0`` (MultiDiscrete) with its MultiBinary variant
+``alfish/MatchBits-v0``.
 """
 from __future__ import annotations
 
@@ -144,11 +145,53 @@ class MemoryCue(gym.Env):
         return frame
 
 
+class MatchSubActions(gym.Env):
+    """Several choices per step: the observation shows the right sub-action of each dimension, the reward is the
+    fraction of dimensions answered right, and the episode ends after that one step (a contextual bandit).
+
+    MultiDiscrete(``nvec``) (default ``(3, 2, 4)``, uneven on purpose): the observation is the concatenation of one
+    one-hot of the target per dimension (``sum(nvec)`` floats). ``binary=True`` (``alfish/MatchBits-v0``):
+    MultiBinary(``len(nvec)``) and the observation is the target bits themselves (``nvec`` is then only read for its
+    length). Targets are drawn uniformly at each reset. Optimal return 1; a uniformly random policy averages
+    ``mean(1 / n_i)`` (0.36 for ``(3, 2, 4)``, 0.5 for bits).
+    """
+
+    metadata = {"render_modes": []}
+    OPTIMAL_RETURN = 1.0
+
+    def __init__(self, nvec: tuple[int, ...] = (3, 2, 4), binary: bool = False, render_mode: str | None = None):
+        self.nvec = np.asarray((2,) * len(nvec) if binary else nvec, dtype=np.int64)
+        self.binary = binary
+        self.action_space = (gym.spaces.MultiBinary(len(nvec)) if binary else gym.spaces.MultiDiscrete(self.nvec))
+        size = len(nvec) if binary else int(self.nvec.sum())
+        self.observation_space = gym.spaces.Box(0.0, 1.0, shape=(size,), dtype=np.float32)
+        self.render_mode = render_mode
+        self._target = np.zeros(len(nvec), dtype=np.int64)
+
+    def _obs(self) -> np.ndarray:
+        if self.binary:
+            return self._target.astype(np.float32)
+        obs = np.zeros(self.observation_space.shape, dtype=np.float32)
+        obs[np.concatenate([[0], np.cumsum(self.nvec)[:-1]]) + self._target] = 1.0
+        return obs
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        super().reset(seed=seed)
+        self._target = self.np_random.integers(self.nvec)
+        return self._obs(), {}
+
+    def step(self, action: Any):
+        right = np.asarray(action).reshape(-1).astype(np.int64) == self._target
+        return self._obs(), float(right.mean()), True, False, {}
+
+
 def register_toy_envs() -> None:
     """Register the toy envs with gymnasium (idempotent)."""
     for env_id, entry, kwargs in (("alfish/PointGoal-v0", PointGoal, {}), ("alfish/Chain-v0", Chain, {}),
                                   ("alfish/MemoryCue-v0", MemoryCue, {}),
-                                  ("alfish/MemoryCueContinuous-v0", MemoryCue, {"continuous": True})):
+                                  ("alfish/MemoryCueContinuous-v0", MemoryCue, {"continuous": True}),
+                                  ("alfish/MatchSubActions-v0", MatchSubActions, {}),
+                                  ("alfish/MatchBits-v0", MatchSubActions, {"binary": True})):
         if env_id not in gym.registry:
             gym.register(id=env_id, entry_point=entry, max_episode_steps=10, kwargs=kwargs)
 

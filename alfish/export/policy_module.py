@@ -20,7 +20,7 @@ from torch.utils import _pytree as pytree
 from alfish.algorithms.base import Algorithm
 from alfish.data.state import is_empty
 from alfish.data.types import EMPTY, StepType, TimeStep
-from alfish.envs.spec import EnvSpec
+from alfish.envs.spec import EnvSpec, action_layout
 from alfish.transforms.base import SequentialDataTransformer
 
 
@@ -51,8 +51,9 @@ class ExportedPolicy(nn.Module):
       - recurrent policies only: the state before this step, its leaves ``[B, *leaf_shape]`` (float32 for
         alfish's cores; GRU: ``state``, its ``h``; LSTM: ``state_0``, ``state_1``, its ``h`` and ``c``), all zeros at
         an episode's first step (that is ``algorithm.initial_state``).
-    Outputs (``output_specs``): the action, int64 ``[B]`` (Discrete) or float32 ``[B, *action_shape]`` within the
-    Box's bounds; recurrent policies also the state after this step, to feed to the next call.
+    Outputs (``output_specs``): the action, int64 ``[B]`` (Discrete), int64 ``[B, k]`` (MultiDiscrete, MultiBinary)
+    or float32 ``[B, *action_shape]`` within the Box's bounds; recurrent policies also the state after this step, to
+    feed to the next call.
     """
 
     def __init__(self, transformer: SequentialDataTransformer, algorithm: Algorithm, spec: EnvSpec):
@@ -64,11 +65,10 @@ class ExportedPolicy(nn.Module):
         leaves = space.spaces if self.observation_keys is not None else {"observation": space}
         self.observation_specs = [TensorSpec(name, tuple(leaf.shape), _obs_dtype(leaf))
                                   for name, leaf in leaves.items()]
-        self.discrete = isinstance(spec.action_space, gym.spaces.Discrete)
-        if self.discrete:
-            self.action_shape: tuple[int, ...] = ()
-        else:
-            self.action_shape = tuple(spec.action_space.shape)
+        action_dtype, self.action_shape = action_layout(spec.action_space)
+        #: Integer actions (Discrete, MultiDiscrete, MultiBinary): int64, nothing to clip.
+        self.discrete = not action_dtype.is_floating_point
+        if not self.discrete:
             # Buffers, not constants: they travel with the module (device moves) and show in the exported program.
             self.register_buffer("action_low", torch.as_tensor(spec.action_space.low, dtype=torch.float32))
             self.register_buffer("action_high", torch.as_tensor(spec.action_space.high, dtype=torch.float32))

@@ -55,7 +55,7 @@ class ReferencePolicy:
 
     def __init__(self, transformer: SequentialDataTransformer, algorithm: Algorithm, action_space: gym.Space):
         self.transformer, self.algorithm = transformer, algorithm
-        self.bounds = None if isinstance(action_space, gym.spaces.Discrete) else (
+        self.bounds = None if not isinstance(action_space, gym.spaces.Box) else (
             np.asarray(action_space.low, np.float32), np.asarray(action_space.high, np.float32))
 
     def stream(self) -> GreedyPolicy:

@@ -7,6 +7,7 @@ but log-probabilities, entropies and the samples' tanh correction must keep floa
 from __future__ import annotations
 
 import math
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -77,3 +78,75 @@ def uniform_where(action: torch.Tensor, num_actions: int, probability: float) ->
     random = torch.randint(num_actions, action.shape, device=action.device)
     pick = torch.rand(action.shape, device=action.device) < probability
     return torch.where(pick, random, action)
+
+
+# --- several discrete choices per step (MultiDiscrete, MultiBinary actions), as SB3's MultiCategoricalDistribution and
+# BernoulliDistribution: one independent categorical (or Bernoulli) per sub-action; the log-prob and the entropy of the
+# joint action are the sums over the sub-actions.
+
+#: The logit of a padding entry in ``multi_categorical_logits``: exp() of it is exactly 0 in float32, so a padded
+#: entry has probability 0, is never the argmax nor sampled, and adds ``0 * -1e9 = 0`` to the entropy (``-inf`` would
+#: add NaN).
+PADDING_LOGIT = -1e9
+
+
+def multi_categorical_layout(nvec: Sequence[int]) -> Optional[torch.Tensor]:
+    """How ``multi_categorical_logits`` lays out ``sum(nvec)`` flat logits as ``[k, max(nvec)]``: the index (int64
+    ``[k * max(nvec)]``) of each padded entry into the flat logits followed by one padding column (index
+    ``sum(nvec)``); ``None`` when all sub-actions have the same number of choices (a plain reshape)."""
+    nvec = [int(n) for n in nvec]
+    width = max(nvec)
+    if all(n == width for n in nvec):
+        return None
+    index, start, pad = [], 0, sum(nvec)
+    for n in nvec:
+        index += list(range(start, start + n)) + [pad] * (width - n)
+        start += n
+    return torch.tensor(index, dtype=torch.int64)
+
+
+def multi_categorical_logits(flat: torch.Tensor, nvec: Sequence[int], layout: Optional[torch.Tensor]
+                             ) -> torch.Tensor:
+    """``flat [N, sum(nvec)]`` (sub-action ``i``'s logits after sub-action ``i-1``'s) -> ``[N, k, max(nvec)]``, the
+    shorter rows padded with ``PADDING_LOGIT``; ``layout`` from ``multi_categorical_layout`` (on ``flat``'s device).
+    The categorical functions above then work on the last dim, one categorical per sub-action."""
+    flat = flat.float()  # before padding: PADDING_LOGIT would be -inf in fp16
+    if layout is None:
+        return flat.unflatten(-1, (len(nvec), -1))
+    padded = torch.cat([flat, flat.new_full(flat.shape[:-1] + (1,), PADDING_LOGIT)], -1)
+    return padded.index_select(-1, layout).unflatten(-1, (len(nvec), -1))
+
+
+def multi_categorical_log_prob(logits: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """``logits [N, k, n]`` (``multi_categorical_logits``), ``action [N, k]`` int -> ``[N]``: the sum of the
+    sub-actions' log-probs."""
+    return categorical_log_prob(logits, action).sum(-1)
+
+
+def multi_categorical_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """``logits [N, k, n]`` -> ``[N]``: the sum of the sub-actions' entropies (nats)."""
+    return categorical_entropy(logits).sum(-1)
+
+
+def bernoulli_log_prob(logits: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    """``logits [N, k]`` (``p = sigmoid(logits)``, the probability of a 1), ``action [N, k]`` of 0/1 (any dtype) ->
+    ``[N]``: ``sum_i a_i log p_i + (1 - a_i) log(1 - p_i)``, in the stable form (minus the cross-entropy)."""
+    logits = logits.float()
+    return -F.binary_cross_entropy_with_logits(logits, action.to(logits.dtype), reduction="none").sum(-1)
+
+
+def bernoulli_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """``logits [N, k]`` -> ``[N]``: ``sum_i -p_i log p_i - (1 - p_i) log(1 - p_i)`` (nats), which is the
+    cross-entropy of ``p`` with itself."""
+    logits = logits.float()
+    return F.binary_cross_entropy_with_logits(logits, torch.sigmoid(logits), reduction="none").sum(-1)
+
+
+def bernoulli_sample(logits: torch.Tensor) -> torch.Tensor:
+    """``logits [N, k]`` -> int64 ``[N, k]``: 1 with probability ``sigmoid(logits)``."""
+    return (torch.rand_like(logits, dtype=torch.float32) < torch.sigmoid(logits.float())).long()
+
+
+def bernoulli_mode(logits: torch.Tensor) -> torch.Tensor:
+    """``logits [N, k]`` -> int64 ``[N, k]``: 1 where ``p > 0.5`` (``logits > 0``)."""
+    return (logits > 0).long()

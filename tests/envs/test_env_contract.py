@@ -203,13 +203,19 @@ def test_unbounded_box_action_space_names_the_fix(make_env):
     (gym.spaces.Box(0, 3, shape=(2,), dtype=np.int64), "has action space Box(0, 3, (2,), int64) of dtype int64; "
                                                        "alfish drives Box actions as floats: give the env a float Box "
                                                        "(or a Discrete for a few choices)"),
-    (gym.spaces.MultiDiscrete([3, 3]), "has action space MultiDiscrete([3 3]); alfish supports Box and Discrete "
-                                       "actions (wrap the env in a gymnasium.ActionWrapper whose action_space is one "
-                                       "of them)"),
-    (gym.spaces.MultiBinary(4), "has action space MultiBinary(4); alfish supports Box and Discrete actions"),
+    (gym.spaces.MultiDiscrete([[3, 3], [2, 2]]), "has action space MultiDiscrete([[3 3] [2 2]]) of shape (2, 2); "
+                                                 "alfish drives MultiDiscrete actions as one vector of sub-actions: "
+                                                 "give it a 1-D shape"),
+    (gym.spaces.MultiBinary([2, 2]), "has action space MultiBinary((2, 2)) of shape (2, 2); alfish drives MultiBinary "
+                                     "actions as one vector"),
+    (gym.spaces.MultiDiscrete([3, 3], start=[1, 0]), "has action space MultiDiscrete([3 3], start=[1 0]) with "
+                                                     "start=[1, 0]; alfish's discrete sub-actions are 0..n-1"),
     (gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(2))), "has action space Tuple(Discrete(2), "
-                                                                         "Discrete(2)); alfish supports Box and "
-                                                                         "Discrete actions"),
+                                                                         "Discrete(2)); alfish supports Box, "
+                                                                         "Discrete, MultiDiscrete and MultiBinary "
+                                                                         "actions (wrap the env in a gymnasium."
+                                                                         "ActionWrapper whose action_space is one "
+                                                                         "of them)"),
 ])
 def test_action_spaces_alfish_cannot_drive_are_named(make_env, space, message):
     assert space_error(make_env, action_space=space).startswith(f"env '{SCRIPTED}' {message}")

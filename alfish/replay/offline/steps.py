@@ -198,11 +198,16 @@ def infer_spaces(steps: Steps) -> tuple[gym.Space, gym.Space]:
 
 # ----------------------------------------------------------------------------------------------- spaces as JSON ----
 def space_to_json(space: gym.Space) -> dict[str, Any]:
-    """A Box, Discrete or Dict of them as plain JSON (bounds as lists; infinities as strings)."""
+    """A Box, Discrete, MultiDiscrete, MultiBinary or Dict of them as plain JSON (bounds as lists; infinities as
+    strings)."""
     if isinstance(space, gym.spaces.Dict):
         return {"type": "Dict", "spaces": {k: space_to_json(v) for k, v in space.spaces.items()}}
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.MultiDiscrete):  # a checkpointed PPO/A2C run's replay layout
+        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist()}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": list(space.shape)}
     if isinstance(space, gym.spaces.Box):
         return {"type": "Box", "shape": list(space.shape), "dtype": np.dtype(space.dtype).name,
                 "low": _json_array(space.low), "high": _json_array(space.high)}
@@ -217,6 +222,10 @@ def space_from_json(data: Any, where: str) -> gym.Space:
             return gym.spaces.Dict({str(k): space_from_json(v, where) for k, v in data["spaces"].items()})
         if kind == "Discrete":
             return gym.spaces.Discrete(int(data["n"]), start=int(data.get("start", 0)))
+        if kind == "MultiDiscrete":
+            return gym.spaces.MultiDiscrete(_positive_ints(data["nvec"]))
+        if kind == "MultiBinary":
+            return gym.spaces.MultiBinary(_positive_ints(data["n"]))
         if kind == "Box":
             dtype = np.dtype(str(data["dtype"]))
             if dtype.kind not in "biuf":
@@ -227,7 +236,16 @@ def space_from_json(data: Any, where: str) -> gym.Space:
             return gym.spaces.Box(low, high, shape=shape, dtype=dtype)
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"{where}: unreadable space description ({err})") from None
-    raise ValueError(f"{where}: unknown space type {kind!r}; expected Box, Discrete or Dict")
+    raise ValueError(f"{where}: unknown space type {kind!r}; expected Box, Discrete, MultiDiscrete, MultiBinary or "
+                     "Dict")
+
+
+def _positive_ints(values: Any) -> list[int]:
+    """A non-empty list of positive ints (a MultiDiscrete's nvec, a MultiBinary's shape); else a ValueError."""
+    ints = [int(n) for n in values]
+    if not ints or min(ints) <= 0:
+        raise ValueError(f"{values!r} is not a non-empty list of positive integers")
+    return ints
 
 
 def _json_array(values: np.ndarray) -> list:
