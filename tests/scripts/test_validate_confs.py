@@ -64,3 +64,32 @@ def test_a_missing_or_malformed_declaration_is_a_one_line_error(tmp_path, capsys
     both.write_text('# expected_result: {"threshold": 1, "env_steps": 5, "iterations": 5}\n')
     assert validate_confs.main([str(both)]) == 2
     assert "give one budget, env_steps or iterations" in capsys.readouterr().err
+
+
+def test_suite_of_a_conf_is_the_gymnasium_family_of_its_env_through_includes(tmp_path):
+    from tests.shipped_confs import BOX2D_CONFS, MUJOCO_CONFS
+
+    confs = sorted((REPO / "confs").glob("*.gin"))
+    suites = {c.name: validate_confs.suite_of(c) for c in confs}
+    assert {n for n, s in suites.items() if s == "mujoco"} == set(MUJOCO_CONFS)
+    assert {n for n, s in suites.items() if s == "box2d"} == set(BOX2D_CONFS)
+    assert suites["ppo_cartpole.gin"] == "classic_control"
+    assert suites["dqn_her_bitflip.gin"] is None and suites["sl_sine.gin"] is None  # alfish's own env; no env
+    only_include = tmp_path / "cheetah_copy.gin"  # no env binding of its own: the included conf's
+    only_include.write_text(f"include '{REPO / 'confs' / 'sac_halfcheetah.gin'}'\nSacAlgorithm.gamma = 0.98\n")
+    assert validate_confs.env_name_of(only_include) == "HalfCheetah-v5"
+    assert validate_confs.env_name_of(REPO / "confs" / "sac_hopper.gin") == "Hopper-v5"  # its own binding wins
+
+
+def test_suite_selects_its_confs_and_an_unknown_suite_is_a_one_line_error(tmp_path, capsys):
+    from tests.shipped_confs import MUJOCO_CONFS
+
+    # every MuJoCo conf is manual (hours each): without --include_manual they are listed as skipped, nothing trains
+    assert validate_confs.main(["--suite", "mujoco", "--out", str(tmp_path)]) == 0
+    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:] if line.strip()]
+    assert sorted(rows) == sorted(MUJOCO_CONFS)
+    assert json.loads((tmp_path / "results.json").read_text()) == {}
+    assert validate_confs.main(["--suite", "mujoko"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --suite mujoko: no conf trains on a gymnasium.envs.mujoko env; the suites of these "
+                          "confs are: box2d, classic_control, mujoco") and err.count("\n") == 1
