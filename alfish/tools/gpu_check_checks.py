@@ -128,5 +128,7 @@ def all_checks(device: str, work: pathlib.Path, report_dir: pathlib.Path) -> lis
         Check("bench", f"tools/bench/bench_gpu.py {' '.join(sizes.bench_args)}",
               (sys.executable, "tools/bench/bench_gpu.py", "--device", device, *sizes.bench_args, "--json",
                str(bench_json)),
-              t["bench"], needs=("tools/bench/bench_gpu.py",), unavailable_exit=2, figures=str(bench_json)),
+              t["bench"], needs=("tools/bench/bench_gpu.py",), unavailable_exit=2, figures=str(bench_json),
+              skip=None if on_gpu else "the bench times a GPU against LeanRL's GPU figures; on the CPU run "
+                                       "tools/bench/bench_gpu.py --device cpu --quick by hand (minutes)"),
     ]

@@ -13,7 +13,7 @@ from gin.selector_map import SelectorMap
 from alfish.config import ConfError, TrainerConfig, load_conf, load_config_text
 from alfish.config.untrusted import MAX_STORED_CONFIG_BYTES, check_env_names
 from alfish.trainer.build import build_trainer
-from tests.shipped_confs import data_params, skip_unless_installed
+from tests.shipped_confs import BOX2D_CONFS, MUJOCO_CONFS, data_params, skip_unless_installed
 
 CONFS = pathlib.Path(__file__).resolve().parents[2] / 'confs'
 STORED = 'runs/a/meta.json[operative_config]'
@@ -277,6 +277,8 @@ def test_operative_config_of_every_shipped_conf_round_trips(tmp_path, conf):
     params = ['TrainerConfig.async_eval = False']
     params += ['TrainerConfig.async_unroll = False'] if 'realtime' in conf else []
     params += data_params(conf, tmp_path / 'data')
+    if conf in MUJOCO_CONFS + BOX2D_CONFS and not conf.startswith('ppo_'):
+        params.append('TrainerConfig.replay_buffer_length = 1000')  # not the 1M-step buffer, built twice per conf
     text = operative_config_of(CONFS / conf, params, tmp_path / 'a')
     load_config_text(text, STORED)
     trainer = build_trainer(TrainerConfig(root_dir=str(tmp_path / 'b')))  # as play builds from it
