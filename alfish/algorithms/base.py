@@ -50,6 +50,9 @@ class Algorithm(nn.Module):
     rollout_module_names: Optional[tuple[str, ...]] = None
     #: True when some updates leave parameters out of the loss (TD3's delayed actor); DDP must then look for them.
     skips_parameters_in_some_updates: bool = False
+    #: SB3's early stop of an iteration's epochs (whole-buffer training, ``approx_kl(exp)`` above ``1.5 *
+    #: target_kl``); ``None``: no check. PPO sets it from ``PpoAlgorithm.target_kl``.
+    target_kl: Optional[float] = None
     #: Add ``debug/...`` statistics (``alfish.algorithms.debug_stats``) to ``calc_loss``'s lazy terms; the trainer sets
     #: it from ``TrainerConfig.debug_summaries`` at assembly. Read only when the terms are evaluated (a summary).
     debug_summaries: bool = False

@@ -232,7 +232,7 @@ class WholeBufferTraining(ReplayTraining):
         exp = self.transformer.transform_experience(raw)
         exp = self.algorithm.preprocess_experience(exp)
         batches = WholeBufferBatches(exp, self.settings.mini_batch_length or 1, self.settings.mini_batch_size)
-        target_kl = getattr(self.algorithm, "target_kl", None)  # PPO's early stop (None: none, and no check)
+        target_kl = self.algorithm.target_kl  # PPO's early stop (None: none, and no check)
         for _ in range(self.num_updates):
             if not self._train_epoch(batches, target_kl):
                 break  # the KL check stopped this epoch: the remaining ones are skipped too
