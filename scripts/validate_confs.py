@@ -210,7 +210,34 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--include_manual", action="store_true", help="also the confs marked manual (hours)")
     parser.add_argument("--timeout_s", type=float, default=3600.0, help="per run")
     parser.add_argument("--conf_param", action="append", default=[], help="an extra binding for every run")
+    parser.add_argument("--peer", choices=["sb3"], default=None,
+                        help="also train Stable-Baselines3 at the same hyperparameters, budget and seeds (alternating "
+                             "processes) and print a table per task: IQM final return [95%% CI], IQM at half the "
+                             "budget, wall-clock, the published figure (needs: pip install stable-baselines3)")
+    parser.add_argument("--env_steps", type=int, default=None,
+                        help="the budget of every run, overriding each conf's (e.g. 300000 for SAC/TD3 MuJoCo here)")
     return parser.parse_args(argv)
+
+
+def peer_main(args: argparse.Namespace, expectations: Sequence[Expectation]) -> int:
+    """``--peer sb3``: each conf (manual ones included) trained by both frameworks to ``--env_steps`` (default: the
+    conf's own budget) with ``--seeds`` (default: the conf's own), a table per task (``peer_suite.py``)."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    import peer_suite
+
+    out = pathlib.Path(args.out).resolve()
+    rows = []
+    for e in expectations:
+        if e.env_steps is None and args.env_steps is None:
+            print(f"{e.conf.name}: skipped (an offline conf: no env steps to compare at)", flush=True)
+            continue
+        rows += peer_suite.run_suite([e.conf], args.seeds or e.seeds, args.env_steps or e.env_steps, out,
+                                     args.conf_param, args.timeout_s, args.parallel)
+    table_md = peer_suite.markdown_table(rows)
+    print(table_md)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "peer_table.md").write_text(table_md + "\n")
+    return 0
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -235,6 +262,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     if args.fast:
         expectations = [e for e in expectations if e.fast]
+    if args.peer is not None:
+        return peer_main(args, expectations)
     skipped = [e for e in expectations if e.manual and not args.include_manual]
     todo = [e for e in expectations if e not in skipped]
     out = pathlib.Path(args.out).resolve()

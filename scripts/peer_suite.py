@@ -1,0 +1,176 @@
+"""``validate_confs.py --peer sb3``: each conf trained by alfish and by Stable-Baselines3 at the same hyperparameters
+(``sb3_translate.py``), budget and seeds, in alternating processes, and a table per task.
+
+Runs go to ``OUT/<conf>/<framework>/seed-<k>/`` (alfish's results directory, or ``sb3_peer.py``'s ``eval_log.jsonl``)
+with a ``run.json`` written when the run ends; a run that has one is not trained again, so an interrupted suite
+resumes where it stopped (``--env_steps`` and the seeds are part of the directory check: a run at another budget is
+an error, not a silent mix). The table gives per framework: the seeds done, the IQM of the final evaluation returns
+over seeds with its 95% percentile-bootstrap interval (rliable's protocol, ``alfish.tools.stats``), the IQM at half
+the budget (the return at equal env steps along the way), the wall-clock per seed (median, the whole process), and
+the published RL Zoo figure from the conf's header. The curves of both are drawn with ``alfish.tools.plot --iqm``
+(``OUT/<conf>.png``; needs matplotlib).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import time
+from typing import Optional, Sequence
+
+import numpy as np
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FRAMEWORKS = ("alfish", "sb3")
+PUBLISHED = re.compile(r"^# Published \((?P<source>[^)]*)\):\s*(?P<value>-?\d+(?:\.\d+)?)(?:\s*\+-\s*(?P<spread>\d+(?:\.\d+)?))?")
+
+
+@dataclasses.dataclass
+class PeerRun:
+    """One finished (or failed) run: ``curve`` is ``[(env_steps, average_return), ...]``."""
+    framework: str
+    seed: int
+    env_steps: int
+    wall_s: float
+    curve: list
+    error: Optional[str] = None
+
+    @property
+    def final_return(self) -> Optional[float]:
+        return self.curve[-1][1] if self.curve else None
+
+    def return_at(self, env_steps: int) -> Optional[float]:
+        """The last evaluation at or before ``env_steps`` (None: none yet)."""
+        before = [r for s, r in self.curve if s <= env_steps]
+        return before[-1] if before else None
+
+
+def published_figure(conf: pathlib.Path) -> str:
+    """The conf header's ``# Published (...): X +- Y`` figure, as ``'X +- Y'`` (``'-'``: none declared)."""
+    for line in conf.read_text().splitlines():
+        match = PUBLISHED.match(line)
+        if match:
+            return match["value"] + (f" ± {match['spread']}" if match["spread"] else "")
+    return "-"
+
+
+def _eval_curve(root: pathlib.Path) -> list:
+    path = root / "eval_log.jsonl"
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [(int(r["env_steps"]), float(r["average_return"])) for r in records]
+
+
+def _command(framework: str, conf: pathlib.Path, root: pathlib.Path, params: Sequence[str]) -> list[str]:
+    if framework == "alfish":
+        command = [sys.executable, "-m", "alfish.bin.train", "--conf", str(conf), "--root_dir", str(root), "--fresh"]
+        params = [*params, "Trainer.num_threads=1"]
+    else:
+        command = [sys.executable, str(REPO / "scripts" / "sb3_peer.py"), "--conf", str(conf), "--root_dir", str(root)]
+    for param in params:
+        command += ["--conf_param", param]
+    return command
+
+
+def run_one(framework: str, conf: pathlib.Path, seed: int, env_steps: int, out: pathlib.Path,
+            extra: Sequence[str], timeout_s: float) -> PeerRun:
+    """Train ``conf`` with ``framework`` (or read the finished run back); its ``PeerRun``."""
+    root = out / conf.stem / framework / f"seed-{seed}"
+    record = root / "run.json"
+    if record.exists():
+        run = PeerRun(**json.loads(record.read_text()))
+        if run.env_steps != env_steps:
+            raise ValueError(f"{root} holds a run of {run.env_steps} env steps, not {env_steps}; use another --out")
+        return run
+    params = [f"TrainerConfig.random_seed={seed}", f"TrainerConfig.num_env_steps={env_steps}",
+              "TrainerConfig.num_iterations=0", *extra]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+    root.mkdir(parents=True, exist_ok=True)
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(_command(framework, conf, root, params), cwd=REPO, env=env, capture_output=True,
+                              text=True, timeout=timeout_s)
+        error = None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
+    except subprocess.TimeoutExpired:
+        error = f"did not finish within {timeout_s:.0f} s"
+    run = PeerRun(framework, seed, env_steps, time.monotonic() - start, _eval_curve(root), error)
+    if error is None:  # a failed run is tried again next time
+        record.write_text(json.dumps(dataclasses.asdict(run)))
+    return run
+
+
+def _iqm_cell(values: list[float], seed: int = 0) -> str:
+    from alfish.tools.stats import bootstrap_ci, iqm
+
+    if not values:
+        return "-"
+    array = np.asarray(values, dtype=np.float64)[:, None]
+    centre = float(iqm(array)[0])
+    if len(values) < 2:
+        return f"{centre:.0f}"
+    low, high = bootstrap_ci(array, seed=seed)
+    return f"{centre:.0f} [{float(low[0]):.0f}, {float(high[0]):.0f}]"
+
+
+def task_rows(conf: pathlib.Path, runs: Sequence[PeerRun], env_steps: int) -> list[list[str]]:
+    """One table row per framework for ``conf``'s ``runs``."""
+    rows = []
+    for framework in FRAMEWORKS:
+        done = [r for r in runs if r.framework == framework and r.error is None]
+        failed = [r for r in runs if r.framework == framework and r.error is not None]
+        finals = [r.final_return for r in done if r.final_return is not None]
+        halves = [v for v in (r.return_at(env_steps // 2) for r in done) if v is not None]
+        wall = f"{np.median([r.wall_s for r in done]):.0f} s" if done else "-"
+        rows.append([conf.stem, framework, f"{len(done)}" + (f" ({len(failed)} failed)" if failed else ""),
+                     _iqm_cell(finals), _iqm_cell(halves), wall, published_figure(conf)])
+    return rows
+
+
+HEADER = ["task", "framework", "seeds", "final IQM [95% CI]", "IQM at half budget", "wall/seed", "RL Zoo (1M)"]
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+def plot(conf: pathlib.Path, out: pathlib.Path) -> Optional[str]:
+    """Both frameworks' IQM curves of ``conf`` to ``OUT/<conf>.png``; the error line when they cannot be drawn."""
+    from alfish.tools import plot as plot_tool
+
+    base = out / conf.stem
+    runs = [f"--run={fw}={','.join(str(p) for p in sorted((base / fw).glob('seed-*')) if (p / 'run.json').exists())}"
+            for fw in FRAMEWORKS]
+    if any(r.endswith("=") for r in runs):
+        return "not every framework has a finished run yet"
+    code = plot_tool.main([*runs, "--iqm", "--title", conf.stem, "-o", str(out / f"{conf.stem}.png")])
+    return None if code == 0 else "the plot tool failed (see above)"
+
+
+def run_suite(confs: Sequence[pathlib.Path], seeds: int, env_steps: int, out: pathlib.Path, extra: Sequence[str],
+              timeout_s: float, parallel: int) -> list[list[str]]:
+    """Train every conf with both frameworks, seed by seed (alfish, then SB3: alternating processes that see the same
+    machine load); the table rows."""
+    import concurrent.futures
+
+    rows = []
+    with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
+        for conf in confs:
+            jobs = [pool.submit(run_one, fw, conf, seed, env_steps, out, extra, timeout_s)
+                    for seed in range(seeds) for fw in FRAMEWORKS]
+            runs = []
+            for job in jobs:
+                run = job.result()
+                runs.append(run)
+                print(f"{conf.stem} {run.framework} seed {run.seed}: final {run.final_return}, {run.wall_s:.0f} s"
+                      + (f", error: {run.error}" if run.error else ""), flush=True)
+            rows += task_rows(conf, runs, env_steps)
+            problem = plot(conf, out)
+            if problem:
+                print(f"{conf.stem}: no plot ({problem})", flush=True)
+    return rows
