@@ -26,7 +26,8 @@ import numpy as np
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FRAMEWORKS = ("alfish", "sb3")
-PUBLISHED = re.compile(r"^# Published \((?P<source>[^)]*)\):\s*(?P<value>-?\d+(?:\.\d+)?)(?:\s*\+-\s*(?P<spread>\d+(?:\.\d+)?))?")
+NUMBER = r"\d+(?:\.\d+)?"
+PUBLISHED = re.compile(rf"^# Published \([^)]*\):\s*(?P<value>-?{NUMBER})(?:\s*\+-\s*(?P<spread>{NUMBER}))?")
 
 
 @dataclasses.dataclass

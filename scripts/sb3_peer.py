@@ -66,7 +66,10 @@ def train(job: Sb3Job, root: pathlib.Path) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     log = (root / "eval_log.jsonl").open("w")
 
+    recorded = []  # env steps of the evaluations so far
+
     def record(env_steps: int, number: int) -> None:
+        recorded.append(env_steps)
         log.write(json.dumps(dict(iteration=number, env_steps=env_steps, elapsed_s=time.monotonic() - STARTED,
                                   average_return=evaluate())) + "\n")
         log.flush()
@@ -88,7 +91,7 @@ def train(job: Sb3Job, root: pathlib.Path) -> dict:
     callback = Every()
     learn_start = time.monotonic()
     model.learn(total_timesteps=job.env_steps, callback=callback)
-    if not job.eval_every or model.num_timesteps % job.eval_every:
+    if not recorded or recorded[-1] != model.num_timesteps:
         record(int(model.num_timesteps), callback.number + 1)  # the final evaluation, at the budget
     log.close()
     return dict(env_steps=int(model.num_timesteps), learn_s=time.monotonic() - learn_start)

@@ -153,6 +153,10 @@ def _td3(values: dict, common: dict) -> tuple[dict, set]:
                     "target_policy_noise", "target_noise_clip", "policy_delay", "activation"}
 
 
+def _grad_norm(value: Optional[float]) -> float:
+    return float("inf") if value is None else float(value)  # alfish: no clipping unless bound; SB3 needs a number
+
+
 def _ppo(values: dict, trainer: dict, optimizer: dict, networks: dict) -> tuple[dict, set]:
     if values["ortho_init"] is None:
         raise TranslateError("PpoAlgorithm.ortho_init = None (hidden layers at PyTorch's init, outputs orthogonal) has "
@@ -169,8 +173,7 @@ def _ppo(values: dict, trainer: dict, optimizer: dict, networks: dict) -> tuple[
                   vf_coef=float(values["value_loss_coef"]), normalize_advantage=bool(values["normalize_advantages"]),
                   target_kl=values["target_kl"], use_sde=bool(values["use_sde"]),
                   sde_sample_freq=int(values["sde_sample_freq"]),
-                  # alfish: no clipping unless bound; SB3 needs a number
-                  max_grad_norm=float("inf") if optimizer["max_grad_norm"] is None else float(optimizer["max_grad_norm"]),
+                  max_grad_norm=_grad_norm(optimizer["max_grad_norm"]),
                   policy_kwargs=dict(net_arch=dict(pi=list(values["hidden_sizes"]), vf=list(values["hidden_sizes"])),
                                      ortho_init=bool(values["ortho_init"]), log_std_init=float(log_std),
                                      # torch's Adam eps unless the conf binds one (SB3's PPO defaults to 1e-5)
