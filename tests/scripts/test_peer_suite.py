@@ -1,0 +1,159 @@
+"""``validate_confs.py --peer sb3``: the translation of a conf to Stable-Baselines3's arguments (values from the
+confs' headers, by hand), its refusals, and the table built from canned runs (IQM by hand). SB3 itself is not needed
+here: the translation is plain data, and the one test that trains both frameworks is slow and skips without SB3."""
+import json
+import math
+import pathlib
+import sys
+
+import gin
+import numpy as np
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
+import peer_suite  # noqa: E402
+import sb3_translate  # noqa: E402
+
+CONFS = REPO / "confs"
+WARM_UP = "Trainer.random_warm_up_actions=True"  # SB3's learning_starts: sac_pendulum.gin binds no warm-up policy
+
+
+@pytest.fixture(autouse=True)
+def _clear_gin():
+    yield
+    gin.clear_config()
+
+
+def test_sac_mujoco_conf_translates_to_sb3s_arguments():
+    job = sb3_translate.translate(CONFS / "sac_halfcheetah.gin", ["TrainerConfig.random_seed=3"])
+    assert (job.algo, job.env_name, job.n_envs, job.seed, job.env_steps) == ("SAC", "HalfCheetah-v5", 1, 3, 1000000)
+    assert (job.eval_every, job.eval_episodes, job.activation, job.normalize) == (10000, 5, "ReLU", None)
+    assert job.kwargs == dict(learning_rate=3e-4, buffer_size=1000000, learning_starts=10000, batch_size=256,
+                              tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1, ent_coef="auto_1",
+                              policy_kwargs=dict(net_arch=dict(pi=[256, 256], qf=[256, 256]), n_critics=2))
+
+
+def test_sac_fixed_entropy_coefficient_initial_alpha_and_gsde_translate():
+    job = sb3_translate.translate(CONFS / "sac_pendulum.gin", [
+        "SacAlgorithm.ent_coef=0.1", "SacAlgorithm.use_sde=True", "SacAlgorithm.sde_sample_freq=4",
+        "SacAlgorithm.log_std_init=-3.0", "SacAlgorithm.actor_hidden_sizes=(64, 64)", WARM_UP])
+    assert job.kwargs["ent_coef"] == 0.1 and job.kwargs["use_sde"] and job.kwargs["sde_sample_freq"] == 4
+    assert job.kwargs["policy_kwargs"]["log_std_init"] == -3.0 and job.kwargs["policy_kwargs"]["full_std"]
+    assert job.kwargs["policy_kwargs"]["net_arch"]["pi"] == [64, 64]
+    job = sb3_translate.translate(CONFS / "sac_pendulum.gin", [f"SacAlgorithm.initial_log_alpha={math.log(0.1)}",
+                                                                   WARM_UP])
+    assert job.kwargs["ent_coef"] == "auto_0.1"  # RL Zoo's 'auto_0.1': learned, starting at 0.1
+
+
+def test_td3_conf_translates_with_its_gaussian_exploration_noise():
+    job = sb3_translate.translate(CONFS / "td3_hopper.gin")
+    assert (job.algo, job.env_name, job.action_noise_sigma, job.activation) == ("TD3", "Hopper-v5", 0.1, "ReLU")
+    assert job.kwargs["learning_rate"] == 1e-3 and job.kwargs["policy_delay"] == 2
+    assert job.kwargs["target_policy_noise"] == 0.2 and job.kwargs["target_noise_clip"] == 0.5
+    assert job.kwargs["policy_kwargs"]["net_arch"] == dict(pi=[400, 300], qf=[400, 300])
+
+
+def test_ppo_translation_reads_trainer_optimizer_and_network_settings():
+    job = sb3_translate.translate(CONFS / "ppo_cartpole.gin", [
+        "PpoAlgorithm.ortho_init=True", "OptimizerConfig.max_grad_norm=0.5", "PpoAlgorithm.clip_range_vf=0.3",
+        "PpoAlgorithm.target_kl=0.02", "ActorCriticNetworks.initial_log_std=-1.0"])
+    assert job.algo == "PPO" and job.n_envs == 8 and job.eval_every % (8 * 32) == 0
+    kwargs = job.kwargs
+    assert (kwargs["n_steps"], kwargs["batch_size"], kwargs["n_epochs"]) == (32, 256, 20)
+    assert (kwargs["gamma"], kwargs["gae_lambda"], kwargs["clip_range"]) == (0.98, 0.8, 0.2)
+    assert (kwargs["clip_range_vf"], kwargs["target_kl"], kwargs["max_grad_norm"]) == (0.3, 0.02, 0.5)
+    policy = kwargs["policy_kwargs"]
+    assert policy["ortho_init"] is True and policy["log_std_init"] == -1.0
+    assert policy["optimizer_kwargs"] == {"eps": 1e-5}  # the conf's OptimizerConfig.eps
+    unbound = sb3_translate.translate(CONFS / "ppo_cartpole.gin", ["PpoAlgorithm.ortho_init=False",
+                                                                   "OptimizerConfig.eps=None",
+                                                                   "OptimizerConfig.max_grad_norm=None"])
+    assert unbound.kwargs["max_grad_norm"] == float("inf") and not unbound.kwargs["policy_kwargs"]["ortho_init"]
+    assert unbound.kwargs["policy_kwargs"]["optimizer_kwargs"] == {"eps": 1e-8}  # torch's Adam default, as alfish
+
+
+@pytest.mark.parametrize("params, named", [
+    (["SacAlgorithm.burn_in=2"], "SacAlgorithm.burn_in has no SB3 translation"),
+    (["SacAlgorithm.critic_lr=1e-3"], "SB3 uses one learning rate"),
+    (["Trainer.random_warm_up_actions=False"], "bind Trainer.random_warm_up_actions = True"),
+    (["create_environment.num_parallel_environments=2"], "covers one env"),
+    (["OptimizerConfig.max_grad_norm=1.0"], "OptimizerConfig bindings are translated for PPO only"),
+])
+def test_a_setting_sb3_cannot_reproduce_is_a_one_line_error(params, named):
+    with pytest.raises(sb3_translate.TranslateError, match=named) as err:
+        sb3_translate.translate(CONFS / "sac_halfcheetah.gin", params)
+    assert "\n" not in str(err.value)
+
+
+def test_ppo_without_an_explicit_ortho_init_and_unknown_transformers_are_refused(tmp_path):
+    with pytest.raises(sb3_translate.TranslateError, match="bind it to True or False"):
+        sb3_translate.translate(CONFS / "ppo_cartpole.gin")
+    with pytest.raises(sb3_translate.TranslateError, match="schedule"):
+        sb3_translate.translate(CONFS / "sac_pendulum.gin", ["SacAlgorithm.actor_lr=@LinearScheduler()",
+                                                             "SacAlgorithm.critic_lr=@LinearScheduler()",
+                                                             "SacAlgorithm.alpha_lr=@LinearScheduler()", WARM_UP,
+                                                             "LinearScheduler.schedule=[(0, 1e-3), (1, 1e-4)]",
+                                                             "LinearScheduler.progress_type='percent'"])
+
+
+def _canned(out: pathlib.Path, framework: str, seed: int, curve: list, wall_s: float) -> None:
+    root = out / "task" / framework / f"seed-{seed}"
+    root.mkdir(parents=True)
+    run = peer_suite.PeerRun(framework, seed, 1000, wall_s, curve)
+    (root / "run.json").write_text(json.dumps(peer_suite.dataclasses.asdict(run)))
+
+
+def test_table_rows_from_canned_runs(tmp_path):
+    conf = tmp_path / "task.gin"
+    conf.write_text("# Published (RL Zoo benchmark.md, sac Task-v3, 1M steps, one run): 9535 +- 100\n")
+    finals = {"alfish": [100.0, 400.0, 200.0, 300.0], "sb3": [50.0, 70.0]}
+    for framework, values in finals.items():
+        for seed, final in enumerate(values):
+            _canned(tmp_path, framework, seed, [(500, final / 2), (1000, final)], wall_s=10.0 * (seed + 1))
+    runs = [peer_suite.run_one(fw, conf, seed, 1000, tmp_path, [], 1.0)  # read back: nothing is trained
+            for fw, values in finals.items() for seed in range(len(values))]
+    alfish, sb3 = peer_suite.task_rows(conf, runs, 1000)
+    # IQM of 4: the mean of the middle two (200, 300); at half budget the same over the halves
+    assert alfish[:3] == ["task", "alfish", "4"] and alfish[3].startswith("250 [") and alfish[4].startswith("125 [")
+    low, high = (float(v) for v in alfish[3][5:-1].split(", "))
+    assert 100 <= low <= 250 <= high <= 400
+    assert alfish[5] == "25 s" and alfish[6] == "9535 ± 100"  # median of 10, 20, 30, 40
+    assert sb3[3].startswith("60 [") and sb3[5] == "15 s"  # fewer than 4 runs: the plain mean
+    table = peer_suite.markdown_table([alfish, sb3])
+    assert table.splitlines()[0].startswith("| task | framework | seeds | final IQM") and table.count("\n") == 3
+
+
+def test_a_finished_run_at_another_budget_is_refused_not_mixed(tmp_path):
+    _canned(tmp_path, "alfish", 0, [(1000, 1.0)], 1.0)
+    conf = tmp_path / "task.gin"
+    conf.write_text("")
+    with pytest.raises(ValueError, match="holds a run of 1000 env steps, not 2000"):
+        peer_suite.run_one("alfish", conf, 0, 2000, tmp_path, [], 1.0)
+
+
+def test_return_at_equal_env_steps_takes_the_last_evaluation_before():
+    run = peer_suite.PeerRun("sb3", 0, 30, 1.0, [(10, 1.0), (20, 2.0), (30, 3.0)])
+    assert (run.return_at(25), run.return_at(5), run.final_return) == (2.0, None, 3.0)
+    assert np.isclose(run.return_at(30), 3.0)
+
+
+@pytest.mark.slow  # two framework processes with their imports and a few hundred SAC updates: ~60 s
+def test_both_frameworks_train_a_conf_and_the_table_has_both(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    sys.modules.setdefault("validate_confs", None)
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("validate_confs", REPO / "scripts" / "validate_confs.py")
+    validate_confs = importlib.util.module_from_spec(spec)
+    sys.modules["validate_confs"] = validate_confs
+    spec.loader.exec_module(validate_confs)
+    assert validate_confs.main([str(CONFS / "sac_pendulum.gin"), "--peer", "sb3", "--env_steps", "600", "--seeds",
+                                "1", "--out", str(tmp_path), "--conf_param", "TrainerConfig.initial_collect_steps=200",
+                                "--conf_param", "TrainerConfig.eval_interval=200", "--conf_param", WARM_UP]) == 0
+    table = (tmp_path / "peer_table.md").read_text()
+    assert "| sac_pendulum | alfish | 1 |" in table and "| sac_pendulum | sb3 | 1 |" in table
+    for framework in peer_suite.FRAMEWORKS:
+        steps = [json.loads(line)["env_steps"] for line in
+                 (tmp_path / "sac_pendulum" / framework / "seed-0" / "eval_log.jsonl").read_text().splitlines()]
+        assert steps[-1] == 600 and 400 in steps  # evaluated at the same env steps
