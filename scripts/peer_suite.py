@@ -2,13 +2,15 @@
 (``sb3_translate.py``), budget and seeds, in alternating processes, and a table per task.
 
 Runs go to ``OUT/<conf>/<framework>/seed-<k>/`` (alfish's results directory, or ``sb3_peer.py``'s ``eval_log.jsonl``)
-with a ``run.json`` written when the run ends; a run that has one is not trained again, so an interrupted suite
-resumes where it stopped (``--env_steps`` and the seeds are part of the directory check: a run at another budget is
-an error, not a silent mix). The table gives per framework: the seeds done, the IQM of the final evaluation returns
-over seeds with its 95% percentile-bootstrap interval (rliable's protocol, ``alfish.tools.stats``), the IQM at half
-the budget (the return at equal env steps along the way), the wall-clock per seed (median, the whole process), and
-the published RL Zoo figure from the conf's header. The curves of both are drawn with ``alfish.tools.plot --iqm``
-(``OUT/<conf>.png``; needs matplotlib).
+with a ``run.json`` written when the run ends; a run that has one is not trained again, and one without resumes from
+its last checkpoint, so a suite interrupted (e.g. by the end of a session) goes on where it stopped (a finished run
+at another ``--env_steps`` is an error, not a silent mix).
+
+The table gives per framework: the seeds done, the IQM of the final evaluation returns over seeds with its 95%
+percentile-bootstrap interval (rliable's protocol, ``alfish.tools.stats``), the IQM at half the budget (the return at
+equal env steps along the way), the wall-clock per seed (median; each run's own clock at its final evaluation, which
+continues from the checkpoint's after a resume), and the published RL Zoo figure from the conf's header. The curves of
+both are drawn with ``alfish.tools.plot --iqm`` (``OUT/<conf>.png``; needs matplotlib).
 """
 from __future__ import annotations
 
@@ -59,17 +61,20 @@ def published_figure(conf: pathlib.Path) -> str:
     return "-"
 
 
-def _eval_curve(root: pathlib.Path) -> list:
+def _eval_records(root: pathlib.Path) -> list[dict]:
     path = root / "eval_log.jsonl"
     if not path.exists():
         return []
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [(int(r["env_steps"]), float(r["average_return"])) for r in records]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _command(framework: str, conf: pathlib.Path, root: pathlib.Path, params: Sequence[str]) -> list[str]:
+    """The run's command; an interrupted run (checkpoints in ``root``, no ``run.json``) resumes from its checkpoint
+    (alfish's own exact resume; the SB3 peer's checkpoints, see ``sb3_peer.py``)."""
     if framework == "alfish":
-        command = [sys.executable, "-m", "alfish.bin.train", "--conf", str(conf), "--root_dir", str(root), "--fresh"]
+        command = [sys.executable, "-m", "alfish.bin.train", "--conf", str(conf), "--root_dir", str(root)]
+        if not any((root / "checkpoints").glob("*")):
+            command.append("--fresh")  # moves a previous unfinished run without checkpoints aside
         params = [*params, "Trainer.num_threads=1"]
     else:
         command = [sys.executable, str(REPO / "scripts" / "sb3_peer.py"), "--conf", str(conf), "--root_dir", str(root)]
@@ -99,7 +104,12 @@ def run_one(framework: str, conf: pathlib.Path, seed: int, env_steps: int, out: 
         error = None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["?"])[-1]
     except subprocess.TimeoutExpired:
         error = f"did not finish within {timeout_s:.0f} s"
-    run = PeerRun(framework, seed, env_steps, time.monotonic() - start, _eval_curve(root), error)
+    records = _eval_records(root)
+    # the wall-clock is the run's own clock at its final evaluation when it has one: both frameworks' clocks
+    # continue from a checkpoint's after a resume, so work lost to an interruption is not counted
+    wall_s = float(records[-1]["elapsed_s"]) if records and error is None else time.monotonic() - start
+    run = PeerRun(framework, seed, env_steps, wall_s, [(int(r["env_steps"]), float(r["average_return"]))
+                                                      for r in records], error)
     if error is None:  # a failed run is tried again next time
         record.write_text(json.dumps(dataclasses.asdict(run)))
     return run

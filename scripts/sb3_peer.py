@@ -9,25 +9,58 @@ Evaluation: every ``eval_every`` env steps after ``learning_starts`` (the conf's
 ``initial_collect_steps``, the env steps at which alfish evaluates) and at the budget,
 ``num_eval_episodes`` deterministic episodes on a separate env (VecNormalize's observation statistics copied from the
 training env, rewards unnormalized), as alfish's evaluator does. Each evaluation appends one line to
-``root_dir/eval_log.jsonl`` (``iteration``, ``env_steps``, ``elapsed_s`` since the process started,
-``average_return``). SB3 is a comparison peer only: ``pip install stable-baselines3`` (never an alfish dependency).
+``root_dir/eval_log.jsonl`` (``iteration``, ``env_steps``, ``elapsed_s``: the run's wall-clock, ``average_return``).
+Every ``--checkpoint_every`` env steps the model, replay buffer and VecNormalize statistics are saved in ``root_dir``;
+running the same command again resumes from there (SB3 has no exact resume: the resumed run's random streams differ
+from an uninterrupted one's). SB3 is a comparison peer only: ``pip install stable-baselines3`` (never an alfish
+dependency).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import sys
 import time
+from typing import Optional
 
-STARTED = time.monotonic()
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 
 from sb3_translate import Sb3Job, TranslateError, translate  # noqa: E402
 
+CHECKPOINT_STATE = "sb3_state.json"  # written last: its presence means the files it names are complete
 
-def build(job: Sb3Job):
-    """SB3's model of ``job`` and the training env, plus a function that evaluates the model deterministically."""
+
+class Checkpoint:
+    """The peer's own resume files in ``root``: the model, its replay buffer (off-policy), VecNormalize's statistics,
+    and ``sb3_state.json`` (env steps, the run's wall-clock so far, evaluations done). Each file is written under a
+    temporary name and renamed, the state last, so a run killed mid-write resumes from the previous checkpoint.
+    Like alfish's, the resumed clock continues from the checkpoint's: work lost after it is not counted."""
+
+    def __init__(self, root: pathlib.Path):
+        self.root, self.state_path = root, root / CHECKPOINT_STATE
+
+    def state(self) -> Optional[dict]:
+        return json.loads(self.state_path.read_text()) if self.state_path.exists() else None
+
+    def save(self, model, env, elapsed_s: float, evaluations: int) -> None:
+        model.save(self.root / "sb3_model.tmp")  # (SB3 adds .zip only to a name without a suffix)
+        os.replace(self.root / "sb3_model.tmp", self.root / "sb3_model.zip")
+        if hasattr(model, "replay_buffer"):
+            model.save_replay_buffer(self.root / "sb3_replay.tmp")
+            os.replace(self.root / "sb3_replay.tmp", self.root / "sb3_replay.pkl")
+        if hasattr(env, "obs_rms"):
+            env.save(str(self.root / "sb3_vecnormalize.tmp"))
+            os.replace(self.root / "sb3_vecnormalize.tmp", self.root / "sb3_vecnormalize.pkl")
+        state = dict(num_timesteps=int(model.num_timesteps), elapsed_s=elapsed_s, evaluations=evaluations)
+        (self.root / "sb3_state.tmp").write_text(json.dumps(state))
+        os.replace(self.root / "sb3_state.tmp", self.state_path)
+
+
+def build(job: Sb3Job, checkpoint: Checkpoint):
+    """SB3's model of ``job`` (restored from ``checkpoint`` when it has one), its training env, and a function that
+    evaluates the model deterministically."""
     import numpy as np
     import stable_baselines3
     import torch
@@ -36,10 +69,12 @@ def build(job: Sb3Job):
     from stable_baselines3.common.noise import NormalActionNoise
     from stable_baselines3.common.vec_env import VecNormalize, sync_envs_normalization
 
+    resumed = checkpoint.state() is not None
     env = make_vec_env(job.env_name, n_envs=job.n_envs, seed=job.seed)
     eval_env = make_vec_env(job.env_name, n_envs=1, seed=job.seed + 10_000)
     if job.normalize is not None:
-        env = VecNormalize(env, **job.normalize)
+        saved = checkpoint.root / "sb3_vecnormalize.pkl"
+        env = VecNormalize.load(str(saved), env) if resumed else VecNormalize(env, **job.normalize)
         eval_env = VecNormalize(eval_env, training=False, norm_reward=False, **{
             k: v for k, v in job.normalize.items() if k != "norm_reward"})
     kwargs = dict(job.kwargs)
@@ -47,7 +82,14 @@ def build(job: Sb3Job):
     if job.action_noise_sigma is not None:
         dim = env.action_space.shape[0]
         kwargs["action_noise"] = NormalActionNoise(np.zeros(dim), job.action_noise_sigma * np.ones(dim))
-    model = getattr(stable_baselines3, job.algo)("MlpPolicy", env, seed=job.seed, verbose=0, device="cpu", **kwargs)
+    cls = getattr(stable_baselines3, job.algo)
+    if resumed:
+        extra = {"action_noise": kwargs["action_noise"]} if "action_noise" in kwargs else {}
+        model = cls.load(checkpoint.root / "sb3_model.zip", env=env, device="cpu", **extra)
+        if hasattr(model, "replay_buffer"):
+            model.load_replay_buffer(checkpoint.root / "sb3_replay.pkl")
+    else:
+        model = cls("MlpPolicy", env, seed=job.seed, verbose=0, device="cpu", **kwargs)
 
     def evaluate() -> float:
         if job.normalize is not None:
@@ -55,22 +97,36 @@ def build(job: Sb3Job):
         mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=job.eval_episodes, deterministic=True)
         return float(mean)
 
-    return model, evaluate
+    return model, env, evaluate
 
 
-def train(job: Sb3Job, root: pathlib.Path) -> dict:
-    """Train ``job`` to its budget, evaluating on the way; the run's summary (also written to ``result.json``)."""
+def _kept_records(log_path: pathlib.Path, up_to_steps: int) -> list[str]:
+    """The eval log's lines up to the checkpoint (the later ones are redone)."""
+    if not log_path.exists():
+        return []
+    lines = [line for line in log_path.read_text().splitlines() if line.strip()]
+    return [line for line in lines if json.loads(line)["env_steps"] <= up_to_steps]
+
+
+def train(job: Sb3Job, root: pathlib.Path, checkpoint_every: int) -> dict:
+    """Train ``job`` to its budget (resuming from ``root``'s checkpoint if any), evaluating on the way and saving a
+    checkpoint every ``checkpoint_every`` env steps (0: never); the run's summary."""
     from stable_baselines3.common.callbacks import BaseCallback
 
-    model, evaluate = build(job)
     root.mkdir(parents=True, exist_ok=True)
-    log = (root / "eval_log.jsonl").open("w")
-
-    recorded = []  # env steps of the evaluations so far
+    checkpoint = Checkpoint(root)
+    state = checkpoint.state() or dict(num_timesteps=0, elapsed_s=0.0, evaluations=0)
+    clock_zero = time.monotonic() - state["elapsed_s"]  # the run's clock continues from the checkpoint's
+    model, env, evaluate = build(job, checkpoint)
+    log_path = root / "eval_log.jsonl"
+    kept = _kept_records(log_path, state["num_timesteps"])
+    log = log_path.open("w")
+    log.write("".join(line + "\n" for line in kept))
+    recorded = [json.loads(line)["env_steps"] for line in kept]  # env steps of the evaluations so far
 
     def record(env_steps: int, number: int) -> None:
         recorded.append(env_steps)
-        log.write(json.dumps(dict(iteration=number, env_steps=env_steps, elapsed_s=time.monotonic() - STARTED,
+        log.write(json.dumps(dict(iteration=number, env_steps=env_steps, elapsed_s=time.monotonic() - clock_zero,
                                   average_return=evaluate())) + "\n")
         log.flush()
 
@@ -79,22 +135,29 @@ def train(job: Sb3Job, root: pathlib.Path) -> dict:
             super().__init__()
             # alfish evaluates every eval_interval iterations counted after its initial collection (SB3's
             # learning_starts): the same env steps here
-            self.next_at, self.number = job.kwargs.get("learning_starts", 0) + job.eval_every, 0
+            self.number = state["evaluations"]
+            self.next_at = job.kwargs.get("learning_starts", 0) + job.eval_every * (self.number + 1)
+            self.next_save = state["num_timesteps"] + checkpoint_every
 
         def _on_step(self) -> bool:
             if job.eval_every and self.num_timesteps >= self.next_at:
                 self.next_at += job.eval_every
                 self.number += 1
                 record(self.num_timesteps, self.number)
+            if checkpoint_every and self.num_timesteps >= self.next_save and self.num_timesteps < job.env_steps:
+                self.next_save += checkpoint_every
+                checkpoint.save(self.model, env, time.monotonic() - clock_zero, self.number)
             return True
 
     callback = Every()
     learn_start = time.monotonic()
-    model.learn(total_timesteps=job.env_steps, callback=callback)
+    model.learn(total_timesteps=job.env_steps - state["num_timesteps"], callback=callback,
+                reset_num_timesteps=state["num_timesteps"] == 0)
     if not recorded or recorded[-1] != model.num_timesteps:
         record(int(model.num_timesteps), callback.number + 1)  # the final evaluation, at the budget
     log.close()
-    return dict(env_steps=int(model.num_timesteps), learn_s=time.monotonic() - learn_start)
+    return dict(env_steps=int(model.num_timesteps), learn_s=time.monotonic() - learn_start,
+                resumed_from=state["num_timesteps"])
 
 
 def main(argv=None) -> int:
@@ -104,6 +167,8 @@ def main(argv=None) -> int:
     parser.add_argument("--root_dir", required=True)
     parser.add_argument("--conf_param", action="append", default=[])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (alfish's suite runs use 1)")
+    parser.add_argument("--checkpoint_every", type=int, default=50_000,
+                        help="env steps between resume checkpoints in ROOT_DIR (0: none); a rerun resumes")
     args = parser.parse_args(argv)
     try:
         job = translate(pathlib.Path(args.conf), args.conf_param)
@@ -119,7 +184,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    summary = train(job, pathlib.Path(args.root_dir))
+    summary = train(job, pathlib.Path(args.root_dir), args.checkpoint_every)
     print("RESULT " + json.dumps(summary), flush=True)
     return 0
 

@@ -157,3 +157,23 @@ def test_both_frameworks_train_a_conf_and_the_table_has_both(tmp_path):
         steps = [json.loads(line)["env_steps"] for line in
                  (tmp_path / "sac_pendulum" / framework / "seed-0" / "eval_log.jsonl").read_text().splitlines()]
         assert steps[-1] == 600 and 400 in steps  # evaluated at the same env steps
+
+
+@pytest.mark.slow  # SB3 trains 600 steps twice: ~60 s
+def test_the_sb3_peer_resumes_from_its_checkpoint(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    import subprocess
+
+    command = [sys.executable, str(REPO / "scripts" / "sb3_peer.py"), "--conf", str(CONFS / "sac_pendulum.gin"),
+               "--root_dir", str(tmp_path), "--checkpoint_every", "300"]
+    for param in ("TrainerConfig.num_env_steps=600", "TrainerConfig.initial_collect_steps=100",
+                  "TrainerConfig.eval_interval=200", WARM_UP):
+        command += ["--conf_param", param]
+    results = []
+    for _ in range(2):  # the first run leaves its checkpoint at 300 steps; the second resumes from it
+        out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600).stdout
+        results.append(json.loads(out.split("RESULT ", 1)[1]))
+    assert [r["resumed_from"] for r in results] == [0, 300] and results[1]["env_steps"] == 600
+    records = [json.loads(line) for line in (tmp_path / "eval_log.jsonl").read_text().splitlines()]
+    assert [r["env_steps"] for r in records] == [300, 500, 600]  # alfish's points: 100 + 200 k, and the budget
+    assert records[0]["elapsed_s"] < records[1]["elapsed_s"] < records[2]["elapsed_s"]
