@@ -73,7 +73,7 @@ def _command(framework: str, conf: pathlib.Path, root: pathlib.Path, params: Seq
     (alfish's own exact resume; the SB3 peer's checkpoints, see ``sb3_peer.py``)."""
     if framework == "alfish":
         command = [sys.executable, "-m", "alfish.bin.train", "--conf", str(conf), "--root_dir", str(root)]
-        if not any((root / "checkpoints").glob("*")):
+        if not any((root / "checkpoints").glob("ckpt-*")):  # (best/ alone is not a resume point)
             command.append("--fresh")  # moves a previous unfinished run without checkpoints aside
         params = [*params, "Trainer.num_threads=1"]
     else:
