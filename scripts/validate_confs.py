@@ -224,12 +224,18 @@ def peer_main(args: argparse.Namespace, expectations: Sequence[Expectation]) -> 
     conf's own budget) with ``--seeds`` (default: the conf's own), a table per task (``peer_suite.py``)."""
     sys.path.insert(0, str(REPO / "scripts"))
     import peer_suite
+    import sb3_translate
 
     out = pathlib.Path(args.out).resolve()
     rows = []
     for e in expectations:
         if e.env_steps is None and args.env_steps is None:
             print(f"{e.conf.name}: skipped (an offline conf: no env steps to compare at)", flush=True)
+            continue
+        try:  # before alfish trains it: a conf the peer cannot run is skipped, with the reason
+            sb3_translate.translate(e.conf, args.conf_param)
+        except sb3_translate.TranslateError as err:
+            print(f"{e.conf.name}: skipped (no SB3 translation: {err})", flush=True)
             continue
         rows += peer_suite.run_suite([e.conf], args.seeds or e.seeds, args.env_steps or e.env_steps, out,
                                      args.conf_param, args.timeout_s, args.parallel)
