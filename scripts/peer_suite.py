@@ -142,7 +142,7 @@ def task_rows(conf: pathlib.Path, runs: Sequence[PeerRun], env_steps: int) -> li
     return rows
 
 
-HEADER = ["task", "framework", "seeds", "final IQM [95% CI]", "IQM at half budget", "wall/seed", "RL Zoo (1M)"]
+HEADER = ["task", "framework", "seeds", "final IQM [95% CI]", "IQM at half budget", "wall/seed", "RL Zoo (published)"]
 
 
 def markdown_table(rows: list[list[str]]) -> str:
