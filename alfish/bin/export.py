@@ -236,11 +236,18 @@ def export_record(args: argparse.Namespace, out: str, ckpt: LoadedCheckpoint, en
 
 
 def space_json(space: gym.Space) -> dict:
-    """A space's type, shape and dtype, with a Box's bounds, a Discrete's ``n`` and ``start``, a Dict's keys."""
+    """A space's type, shape and dtype, with a Box's bounds, a Discrete's ``n`` and ``start``, a MultiDiscrete's
+    ``nvec`` and ``start`` (choices per sub-action), a MultiBinary's ``n``, a Dict's keys and a Tuple's parts."""
     if isinstance(space, gym.spaces.Dict):
         return {"type": "Dict", "spaces": {k: space_json(v) for k, v in space.spaces.items()}}
+    if isinstance(space, gym.spaces.Tuple):
+        return {"type": "Tuple", "spaces": [space_json(v) for v in space.spaces]}
     if isinstance(space, gym.spaces.Discrete):
         return {"type": "Discrete", "n": int(space.n), "start": int(space.start)}
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return {"type": "MultiDiscrete", "nvec": space.nvec.tolist(), "start": space.start.tolist()}
+    if isinstance(space, gym.spaces.MultiBinary):
+        return {"type": "MultiBinary", "n": np.asarray(space.n).tolist()}
     if isinstance(space, gym.spaces.Box):
         return {"type": "Box", "shape": list(space.shape), "dtype": np.dtype(space.dtype).name,
                 "low": space.low.tolist(), "high": space.high.tolist()}

@@ -5,6 +5,8 @@ the right sub-action of each dimension, the reward is the fraction answered righ
 a random policy averages 0.36 (MultiDiscrete) or 0.5 (MultiBinary). The evaluation is greedy (each sub-action's mode),
 over 20 episodes of random targets, so reaching 1 means the greedy policy is optimal for (nearly) every target.
 """
+import json
+
 import gin
 import numpy as np
 import pytest
@@ -95,6 +97,9 @@ def test_trained_policy_checkpoints_plays_and_exports(tmp_path, capsys, env_name
         gin.clear_config()
     program = load_program(str(out), "pt2")
     space = {"alfish/MatchSubActions-v0": (3, 2, 4), "alfish/MatchBits-v0": (2, 2, 2)}[env_name]
+    sidecar = json.loads((tmp_path / "policy.pt2.json").read_text())["action_space"]  # what a caller decodes with
+    assert sidecar == ({"type": "MultiDiscrete", "nvec": [3, 2, 4], "start": [0, 0, 0]}
+                       if env_name.endswith("SubActions-v0") else {"type": "MultiBinary", "n": 3})
     targets = np.stack([np.random.default_rng(0).integers(n, size=64) for n in space], -1)  # [64, 3]
     observations = (np.concatenate([np.eye(n, dtype=np.float32)[targets[:, i]] for i, n in enumerate(space)], -1)
                     if env_name.endswith("SubActions-v0") else targets.astype(np.float32))
