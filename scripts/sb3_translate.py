@@ -70,6 +70,8 @@ def _bindings() -> dict[str, dict]:
     out: dict[str, dict] = {}
     for scope, selector in gin.config._CONFIG:  # gin has no public iterator over bindings
         name = selector.rsplit(".", 1)[-1]
+        if scope and name.endswith("Scheduler"):
+            continue  # read through the instance the parameter it is bound to resolves to (see _constant, _dqn)
         if scope:
             raise TranslateError(f"scoped bindings ({scope}/{name}: e.g. a scheduler) have no SB3 translation here; "
                                  "train the peer with constant values or extend scripts/sb3_translate.py")
@@ -84,6 +86,22 @@ def _refuse_unknown(bindings: dict[str, dict], translated: dict[str, set]) -> No
         if extra:
             raise TranslateError(f"{name}.{extra[0]} has no SB3 translation in scripts/sb3_translate.py; unbind it "
                                  "or add its translation, so that both frameworks run the same hyperparameters")
+
+
+def _epsilon_schedule(value: Any) -> dict:
+    """DQN's exploration in SB3's terms: a constant, or a linear schedule from ``(0, e0)`` to ``(f, e1)`` over the
+    run's fraction ``f`` (``progress_type='percent'``) = ``exploration_initial_eps``, ``exploration_final_eps``,
+    ``exploration_fraction``."""
+    if isinstance(value, (int, float)):
+        return dict(exploration_initial_eps=float(value), exploration_final_eps=float(value), exploration_fraction=0.0)
+    points, values = list(getattr(value, "points", ())), list(getattr(value, "values", ()))
+    if type(value).__name__ != "LinearScheduler" or value.progress_type != "percent" or len(points) != 2 \
+            or points[0] != 0:
+        raise TranslateError(f"DqnAlgorithm.epsilon_greedy = {value!r}: SB3's exploration is linear from the start "
+                             "over a fraction of the run; use LinearScheduler with progress_type 'percent' and "
+                             "schedule [(0, e0), (f, e1)]")
+    return dict(exploration_initial_eps=float(values[0]), exploration_final_eps=float(values[1]),
+                exploration_fraction=float(points[1]))
 
 
 def _constant(name: str, value: Any) -> float:
@@ -186,6 +204,34 @@ def _ppo(values: dict, trainer: dict, optimizer: dict, networks: dict) -> tuple[
                     "sde_sample_freq", "log_std_init", "full_std"}
 
 
+def _dqn(values: dict, trainer: dict, optimizer: dict, n_envs: int) -> tuple[dict, set]:
+    for name, wanted, why in (("double_q", False, "SB3's DQN has no double-Q targets"),
+                              ("n_step", 1, "SB3's DQN uses 1-step returns"),
+                              ("huber_loss", True, "SB3's DQN uses the Huber loss")):
+        if values[name] != wanted:
+            raise TranslateError(f"DqnAlgorithm.{name} = {values[name]!r}: {why}; bind it to {wanted!r} for the peer")
+    env_steps_per_update = int(trainer["unroll_length"]) * n_envs / int(trainer["num_updates_per_train_iter"])
+    target_every = values["target_update_period"] * env_steps_per_update  # SB3 counts env steps
+    if target_every != int(target_every):
+        raise TranslateError(f"the target update every {values['target_update_period']} updates is "
+                             f"{target_every} env steps; SB3 counts whole env steps")
+    policy = dict(net_arch=list(values["hidden_sizes"]))
+    if optimizer["eps"] is not None:
+        policy["optimizer_kwargs"] = dict(eps=float(optimizer["eps"]))
+    kwargs = dict(learning_rate=_constant("DqnAlgorithm.lr", values["lr"]),
+                  buffer_size=int(trainer["replay_buffer_length"]),
+                  # alfish's DQN warms up with its epsilon-greedy policy (epsilon starts at 1 in the confs); SB3
+                  # acts uniformly before learning_starts
+                  learning_starts=int(trainer["initial_collect_steps"]), batch_size=int(trainer["mini_batch_size"]),
+                  tau=_constant("DqnAlgorithm.target_update_tau", values["target_update_tau"]),
+                  gamma=float(values["gamma"]), train_freq=int(trainer["unroll_length"]),
+                  gradient_steps=int(trainer["num_updates_per_train_iter"]), target_update_interval=int(target_every),
+                  max_grad_norm=_grad_norm(optimizer["max_grad_norm"]), policy_kwargs=policy,
+                  **_epsilon_schedule(values["epsilon_greedy"]))
+    return kwargs, {"hidden_sizes", "activation", "lr", "gamma", "n_step", "double_q", "target_update_period",
+                    "target_update_tau", "epsilon_greedy", "huber_loss"}
+
+
 def _normalize(trainer: dict, bindings: dict, gamma: float) -> Optional[dict]:
     names = [getattr(c, "__name__", str(c)) for c in (trainer["data_transformer_ctor"] or [])]
     unknown = sorted(set(names) - {"ObservationNormalizer", "RewardNormalizer"})
@@ -222,6 +268,7 @@ def translate(conf: pathlib.Path, params: Sequence[str] = ()) -> Sb3Job:
     values = _settings(algorithm, bindings.get(algorithm.__name__, {}))
     n_envs = int(env["num_parallel_environments"])
     warm_up = bool(bindings.get("Trainer", {}).get("random_warm_up_actions", False))
+    optimizer = _settings(OptimizerConfig, bindings.get("OptimizerConfig", {}))
     noise = None
     if algorithm.__name__ == "SacAlgorithm":
         algo, (kwargs, used) = "SAC", _sac(values, _off_policy_common(values, trainer, warm_up, n_envs))
@@ -232,13 +279,14 @@ def translate(conf: pathlib.Path, params: Sequence[str] = ()) -> Sb3Job:
         from alfish.algorithms.actor_critic import ActorCriticNetworks
 
         networks = _settings(ActorCriticNetworks, bindings.get("ActorCriticNetworks", {}))
-        optimizer = _settings(OptimizerConfig, bindings.get("OptimizerConfig", {}))
         algo, (kwargs, used) = "PPO", _ppo(values, trainer, optimizer, networks)
+    elif algorithm.__name__ == "DqnAlgorithm":
+        algo, (kwargs, used) = "DQN", _dqn(values, trainer, optimizer, n_envs)
     else:
-        raise TranslateError(f"{algorithm.__name__}: the SB3 peer translates SacAlgorithm, Td3Algorithm and "
-                             "PpoAlgorithm confs")
-    if algo != "PPO" and bindings.get("OptimizerConfig"):
-        raise TranslateError("OptimizerConfig bindings are translated for PPO only (SB3's off-policy algorithms use "
+        raise TranslateError(f"{algorithm.__name__}: the SB3 peer translates SacAlgorithm, Td3Algorithm, "
+                             "PpoAlgorithm and DqnAlgorithm confs")
+    if algo in ("SAC", "TD3") and bindings.get("OptimizerConfig"):
+        raise TranslateError("OptimizerConfig bindings are translated for PPO and DQN only (SB3's SAC and TD3 use "
                              "torch's Adam defaults)")
     _refuse_unknown(bindings, {algorithm.__name__: used})
     per_iteration = int(trainer["unroll_length"]) * n_envs

@@ -73,12 +73,30 @@ def test_ppo_translation_reads_trainer_optimizer_and_network_settings():
     assert unbound.kwargs["policy_kwargs"]["optimizer_kwargs"] == {"eps": 1e-8}  # torch's Adam default, as alfish
 
 
+def test_dqn_conf_translates_its_epsilon_schedule_and_target_period_in_env_steps():
+    job = sb3_translate.translate(CONFS / "dqn_lunarlander.gin")
+    assert (job.algo, job.env_name, job.eval_every) == ("DQN", "LunarLander-v3", 1250 * 4)
+    assert job.kwargs == dict(  # RL Zoo's dqn.yml LunarLander entry, as the conf's header translates it
+        learning_rate=6.3e-4, buffer_size=50000, learning_starts=128, batch_size=128, tau=1.0, gamma=0.99,
+        train_freq=4, gradient_steps=4, target_update_interval=250, max_grad_norm=10.0,
+        policy_kwargs=dict(net_arch=[256, 256]), exploration_initial_eps=1.0, exploration_final_eps=0.1,
+        exploration_fraction=0.12)
+    # 2 updates per 4 env steps: a target update every 250 updates is one every 500 env steps
+    assert sb3_translate.translate(CONFS / "dqn_lunarlander.gin", ["TrainerConfig.num_updates_per_train_iter=2"]
+                                   ).kwargs["target_update_interval"] == 500
+    with pytest.raises(sb3_translate.TranslateError, match="double_q = True: SB3's DQN has no double-Q"):
+        sb3_translate.translate(CONFS / "dqn_lunarlander.gin", ["DqnAlgorithm.double_q=True"])
+    with pytest.raises(sb3_translate.TranslateError, match="linear from the start"):
+        sb3_translate.translate(CONFS / "dqn_lunarlander.gin",
+                                ["epsilon/LinearScheduler.schedule=[(0, 1.0), (0.1, 0.5), (0.2, 0.1)]"])
+
+
 @pytest.mark.parametrize("params, named", [
     (["SacAlgorithm.burn_in=2"], "SacAlgorithm.burn_in has no SB3 translation"),
     (["SacAlgorithm.critic_lr=1e-3"], "SB3 uses one learning rate"),
     (["Trainer.random_warm_up_actions=False"], "bind Trainer.random_warm_up_actions = True"),
     (["create_environment.num_parallel_environments=2"], "covers one env"),
-    (["OptimizerConfig.max_grad_norm=1.0"], "OptimizerConfig bindings are translated for PPO only"),
+    (["OptimizerConfig.max_grad_norm=1.0"], "OptimizerConfig bindings are translated for PPO and DQN only"),
 ])
 def test_a_setting_sb3_cannot_reproduce_is_a_one_line_error(params, named):
     with pytest.raises(sb3_translate.TranslateError, match=named) as err:
