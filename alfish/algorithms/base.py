@@ -80,6 +80,15 @@ class Algorithm(nn.Module):
         """``state`` with the envs at a FIRST step (``step_type [B]``) set back to ``initial_state``."""
         return reset_state_at_first(state, step_type, self.initial_state)
 
+    def exploration_state(self) -> Any:
+        """Acting state kept inside the algorithm between env steps (not parameters, not the recurrent state), e.g.
+        gSDE's per-env noise matrices: tensors (or None) that a checkpoint's collector state stores so that a resumed
+        run acts exactly as the uninterrupted one. None: nothing."""
+        return None
+
+    def load_exploration_state(self, state: Any) -> None:
+        """Put back what ``exploration_state`` returned."""
+
     def configure_recurrence(self, use_rollout_state: bool, temporally_independent_train_step: Optional[bool],
                              mini_batch_length: Optional[int] = None) -> None:
         """Applies TrainerConfig's ``use_rollout_state`` and ``temporally_independent_train_step`` (None: False for a

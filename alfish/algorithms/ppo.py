@@ -154,6 +154,13 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
         if self.use_sde:
             self.net.policy.noise.resample_all()
 
+    def exploration_state(self) -> Any:
+        return self.net.policy.noise.acting_state() if self.use_sde else None
+
+    def load_exploration_state(self, state: Any) -> None:
+        if self.use_sde:
+            self.net.policy.noise.load_acting_state(state)
+
     def predict_step(self, time_step: Any, state: Any = EMPTY, epsilon_greedy: float = 0.0) -> AlgStep:
         if not self.recurrent:
             return super().predict_step(time_step, state, epsilon_greedy)

@@ -270,6 +270,13 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         if self.use_sde:
             self.actor.noise.resample_all()
 
+    def exploration_state(self) -> Any:
+        return self.actor.noise.acting_state() if self.use_sde else None
+
+    def load_exploration_state(self, state: Any) -> None:
+        if self.use_sde:
+            self.actor.noise.load_acting_state(state)
+
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         unit_action, _ = self._policy(self.network_input(obs), greedy)
         return self.scale_action(unit_action), EMPTY

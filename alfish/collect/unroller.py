@@ -67,13 +67,14 @@ class Unroller:
 
     def state_dict(self) -> Optional[dict]:
         """Everything the unroll carries from one step to the next, for exact resume: the current time step, the
-        recurrent state, the transformers' rollout state (e.g. a frame stack), the episode statistics, and each env's
-        episode seed and actions so far; None when the envs cannot give theirs (EnvPool). Tensors and Python scalars
-        only (a checkpoint's contents)."""
+        recurrent state, the algorithm's exploration state (gSDE's noise matrices), the transformers' rollout state
+        (e.g. a frame stack), the episode statistics, and each env's episode seed and actions so far; None when the
+        envs cannot give theirs (EnvPool). Tensors and Python scalars only (a checkpoint's contents)."""
         envs = self.env.resume_states()
         if envs is None:
             return None
         return dict(time_step=dict(self.time_step._asdict()), recurrent_state=self.state,
+                    exploration=self.algorithm.exploration_state(),
                     transform_state=getattr(self.transform, "state", None),
                     stats=self.stats.state_dict() if self.stats is not None else None,
                     prev_done=torch.from_numpy(self.env._prev_done.copy()),
@@ -91,6 +92,7 @@ class Unroller:
             self.state = nest.map_nest(self._on_device, state["recurrent_state"])
         if hasattr(self.transform, "state"):
             self.transform.state = nest.map_nest(self._on_device, state["transform_state"])
+        self.algorithm.load_exploration_state(state.get("exploration"))  # (absent from checkpoints before gSDE)
         if self.stats is not None and state["stats"] is not None:
             self.stats.load_state_dict(state["stats"])
         return matched

@@ -73,7 +73,8 @@ class StateDependentNoise(nn.Module):
         sample_freq: env steps between two draws of an env's matrix while acting; -1: only at episode (and
             rollout) starts.
 
-    Parameters: ``log_std``. The acting matrices are plain tensors, not state-dict entries (see ``acting_noise``).
+    Parameters: ``log_std``. The acting matrices are plain tensors, not state-dict entries (see ``acting_noise``);
+    a checkpoint stores them with the collector's state (``acting_state``).
     """
 
     def __init__(self, latent_dim: int, action_dim: int, log_std_init: float, full_std: bool, sample_freq: int):
@@ -111,6 +112,22 @@ class StateDependentNoise(nn.Module):
     def resample_all(self) -> None:
         """The next ``acting_noise`` draws every env's matrix anew (the start of a rollout)."""
         self.matrices = None
+
+    def acting_state(self) -> Optional[dict]:
+        """The acting matrices ``[B, latent_dim, action_dim]`` and the steps each has served ``[B]`` (None: none
+        drawn yet), for an exact resume: a checkpoint's collector state carries them
+        (``Algorithm.exploration_state``)."""
+        if getattr(self, "matrices", None) is None:
+            return None
+        return dict(matrices=self.matrices, steps=self.steps)
+
+    def load_acting_state(self, state: Optional[dict]) -> None:
+        """Put back what ``acting_state`` returned (None: draw anew at the next step)."""
+        if state is None:
+            self.matrices = None
+            return
+        self.matrices = state["matrices"].to(self.log_std.device)
+        self.steps = state["steps"].to(self.log_std.device)
 
     @torch.no_grad()
     def acting_noise(self, latent: torch.Tensor, step_type: torch.Tensor) -> torch.Tensor:

@@ -74,6 +74,25 @@ def test_a_training_iteration_redraws_every_envs_matrix(cls):
     assert all(not torch.equal(sde_of(alg).matrices[i], before[i]) for i in range(2))
 
 
+@pytest.mark.parametrize("cls", [SacAlgorithm, PpoAlgorithm])
+def test_the_acting_matrices_round_trip_through_the_exploration_state(cls):
+    # A checkpoint's collector state carries them, so a resumed run acts from the same matrices (the full exact
+    # resume of a gSDE run: tests/integration/test_exact_resume.py, slow tier).
+    alg, fresh = make(cls, sde_sample_freq=4), make(cls, sde_sample_freq=4)
+    assert alg.exploration_state() is None  # nothing drawn yet
+    for step_type in STEPS[:3]:
+        alg.rollout_step(time_step(step_type))
+    saved = alg.exploration_state()
+    assert saved["matrices"].shape == (2, 2, 1) and saved["steps"].tolist() == [3, 1]  # env 1 restarted at step 2
+    fresh.load_exploration_state({k: v.clone() for k, v in saved.items()})
+    torch.manual_seed(7)
+    acted = alg.rollout_step(time_step([MID, MID])).output
+    torch.manual_seed(7)
+    assert torch.equal(fresh.rollout_step(time_step([MID, MID])).output, acted)
+    fresh.load_exploration_state(None)
+    assert fresh.exploration_state() is None
+
+
 def set_tiny_policy(alg) -> torch.Tensor:
     """Latent ``(0.5, 0.8)`` at the returned observation (identity first layer), mean ``0.5 - 0.8 + 0.2 = -0.1``,
     sigma ``(0.5, 2)``; the variance is ``0.25 * 0.25 + 0.64 * 4 = 2.6225`` (+ 1e-6)."""

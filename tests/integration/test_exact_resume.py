@@ -136,6 +136,13 @@ def test_a_frame_stacker_and_an_observation_normalizer_resume_exactly(tmp_path, 
                  "FrameStacker.stack_size = 3") == 0, capsys.readouterr().out
 
 
+@pytest.mark.slow  # 15 s; the exploration state's round trip is unit-tested in tests/algorithms/test_sde_algorithms.py
+def test_sac_with_gsde_resumes_exactly_with_its_noise_matrices(tmp_path, capsys):
+    # the stop falls between two redraws (every 4 steps): the resumed run must act from the stored matrices
+    assert check(tmp_path, SAC, 70, "SacAlgorithm.use_sde = True", "SacAlgorithm.sde_sample_freq = 4",
+                 "TrainerConfig.unroll_length = 3") == 0, capsys.readouterr().out
+
+
 @pytest.mark.slow  # 21 s; check_resume's comparison is unit-tested in the default run
 def test_the_tool_names_the_first_difference_where_a_resume_cannot_be_exact(tmp_path, capsys):
     # async unroll: which parameter version chose each action depends on timing
