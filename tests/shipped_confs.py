@@ -16,7 +16,10 @@ NEEDS = {name: (("ale_py", "cv2"), "pip install alfish[atari]")
 MUJOCO_CONFS = tuple(f"{algo}_{env}.gin" for algo in ("sac", "td3", "ppo")
                      for env in ("halfcheetah", "hopper", "walker2d", "ant"))
 BOX2D_CONFS = ("ppo_lunarlander.gin", "dqn_lunarlander.gin", "sac_lunarlander_continuous.gin",
-               "td3_lunarlander_continuous.gin", "td3_bipedalwalker.gin", "ppo_bipedalwalker.gin")
+               "td3_lunarlander_continuous.gin", "td3_bipedalwalker.gin", "ppo_bipedalwalker.gin",
+               "sac_bipedalwalker.gin")
+# The RL Zoo benchmark confs on gymnasium's classic-control envs (no extra needed).
+CLASSIC_CONTROL_CONFS = ("sac_mountaincar_continuous.gin",)
 NEEDS.update({name: (("mujoco",), "pip install alfish[mujoco]") for name in MUJOCO_CONFS})
 NEEDS.update({name: (("Box2D",), "pip install alfish[box2d]") for name in BOX2D_CONFS})
 

@@ -21,6 +21,7 @@ replay priority is R2D2's ``0.9 max + 0.1 mean`` of its |TD errors|. Continuous 
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
@@ -49,11 +50,15 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementa
 
 def refuse_learned_alpha_bindings(ent_coef: float) -> None:
     """An error if the conf binds a setting of the learned temperature next to a fixed ``SacAlgorithm.ent_coef`` (the
-    binding would do nothing)."""
+    binding would do nothing). A binding to the default is let through: a run's operative config records every
+    default (``initial_log_alpha = 0.0``, ...), and play and resume rebuild from it."""
+    defaults = inspect.signature(SacAlgorithm.__init__).parameters
     for param in ("initial_log_alpha", "alpha_lr", "target_entropy"):
         try:
-            gin.query_parameter(f"SacAlgorithm.{param}")
+            value = gin.query_parameter(f"SacAlgorithm.{param}")
         except ValueError:  # not bound
+            continue
+        if value == defaults[param].default:
             continue
         raise ValueError(f"SacAlgorithm.{param} is bound, but SacAlgorithm.ent_coef={ent_coef} fixes the entropy "
                          f"temperature (nothing learns it): remove SacAlgorithm.{param}, or set ent_coef = None to "

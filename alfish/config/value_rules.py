@@ -206,6 +206,7 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     'ObservationNormalizer.epsilon': POSITIVE,
     'RewardNormalizer.clip_value': POSITIVE,
     'RewardNormalizer.epsilon': POSITIVE,
+    'RewardNormalizer.gamma': Range(0, 1, low_open=True, note="VecNormalize's return discount; None: the rewards' std"),
 }
 
 

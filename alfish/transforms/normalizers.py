@@ -13,10 +13,12 @@ from typing import Any, Optional, Sequence, Union
 
 import gin
 import gymnasium as gym
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from alfish.data.types import Experience, TimeStep
+from alfish.data.types import Experience, StepType, TimeStep
+from alfish.errors import OneLineValueError
 from alfish.transforms.base import DataTransformer
 
 
@@ -47,9 +49,12 @@ class RunningMeanStd(torch.nn.Module):
     triple: ``base_*``, the statistics at the last merge across ranks (or the last load), and ``delta_*``, the
     statistics of the values this rank saw since then (``tracks_rank_deltas``). Between two merges ``count/mean/m2``
     are ``base`` with this rank's own values folded in, as in a single process.
+
+    ``prior_count``: start as if ``prior_count`` values of mean 0 and variance 1 had been seen (SB3's
+    ``RunningMeanStd(epsilon=1e-4)`` starts so); 0 (the default) starts from nothing.
     """
 
-    def __init__(self, shape: tuple[int, ...]):
+    def __init__(self, shape: tuple[int, ...], prior_count: float = 0.0):
         super().__init__()
         self.register_buffer("count", torch.zeros((), dtype=torch.float64))
         self.register_buffer("mean", torch.zeros(shape, dtype=torch.float64))
@@ -59,6 +64,9 @@ class RunningMeanStd(torch.nn.Module):
             self.register_buffer(prefix + "mean", torch.zeros(shape, dtype=torch.float64), persistent=False)
             self.register_buffer(prefix + "m2", torch.zeros(shape, dtype=torch.float64), persistent=False)
         self.tracks_rank_deltas = _in_multi_rank_job()
+        if prior_count:  # the prior is the merge base on every rank, so a merge counts it once
+            self._set_base(torch.tensor(float(prior_count), dtype=torch.float64), self.mean.clone(),
+                           torch.full_like(self.m2, float(prior_count)))
 
     @torch.no_grad()
     def update(self, batch: torch.Tensor) -> None:
@@ -68,6 +76,19 @@ class RunningMeanStd(torch.nn.Module):
             return
         batch_mean = batch.mean(0)
         batch_m2 = ((batch - batch_mean) ** 2).sum(0)
+        _fold(self.count, self.mean, self.m2, n, batch_mean, batch_m2)
+        if self.tracks_rank_deltas:
+            _fold(self.delta_count, self.delta_mean, self.delta_m2, n, batch_mean, batch_m2)
+
+    @torch.no_grad()
+    def update_where(self, batch: torch.Tensor, keep: torch.Tensor) -> None:
+        """``update(batch[keep])`` without the data-dependent shape (so no host sync on CUDA): ``batch``
+        ``[N, *shape]``, ``keep`` bool ``[N]``; nothing changes when no value is kept."""
+        batch = batch.reshape((-1,) + tuple(self.mean.shape)).double()
+        weight = keep.reshape((-1,) + (1,) * self.mean.dim()).double()
+        n = weight.sum()
+        batch_mean = (batch * weight).sum(0) / n.clamp(min=1.0)
+        batch_m2 = ((batch - batch_mean) ** 2 * weight).sum(0)
         _fold(self.count, self.mean, self.m2, n, batch_mean, batch_m2)
         if self.tracks_rank_deltas:
             _fold(self.delta_count, self.delta_mean, self.delta_m2, n, batch_mean, batch_m2)
@@ -166,22 +187,80 @@ class ObservationNormalizer(DataTransformer):
         return exp._replace(observation=self._normalize(exp.observation, update))
 
 
+#: SB3's ``RunningMeanStd`` starts as if this many values of mean 0 and variance 1 had been seen (its ``epsilon``).
+SB3_PRIOR_COUNT = 1e-4
+
+
 @gin.configurable
 class RewardNormalizer(DataTransformer):
-    """Divides rewards by the running standard deviation of the rewards seen in the rollout (no mean shift, so the
-    sign of a reward is kept), clipped to ``[-clip_value, clip_value]``. Changes the data the algorithm learns from
-    (rollout and experience views); returns in TensorBoard and evaluation stay the env's own."""
+    """Divides rewards by a running standard deviation (no mean shift, so the sign of a reward is kept), then clips
+    them to ``[-clip_value, clip_value]``. Changes the data the algorithm learns from (rollout and experience views);
+    returns in TensorBoard and evaluation stay the env's own. Rewards ``[B]`` (rollout) or ``[L, B]`` / ``[B, T]``
+    (experience), in the env's units before and in units of that standard deviation after.
+
+    ``gamma``: which standard deviation.
+      - None (the default): that of the rewards themselves, every rollout step's (FIRST steps' 0 included).
+      - a discount in (0, 1]: that of the discounted return, as SB3's ``VecNormalize(norm_reward=True, gamma=...)``.
+        Each env of the training rollout keeps ``ret = ret * gamma + reward`` (float64, the rollout stream's
+        transformer state ``[B]``); each step the statistics take every env's ``ret`` (one value per env), the reward
+        is divided by ``sqrt(var(ret) + epsilon)``, and ``ret`` restarts at 0 after a LAST step (terminated or
+        truncated, as VecNormalize's ``dones``). The statistics start as SB3's (a 1e-4 prior count of variance 1).
+        One difference, of timing only: alfish's next-step autoreset gives an env a FIRST step (reward 0, no action
+        behind it) after each LAST; it is not counted (VecNormalize never sees it), so that env's next return enters
+        the statistics one step later than in SB3, while the values counted over a run are the same. The running
+        returns are checkpointed with the unroll (exact resume); where the episodes in flight restart instead (or
+        the rollout runs in the async unroll child), they restart at 0 with the episodes, as VecNormalize's after
+        ``load``.
+    ``epsilon``: added to the variance, in the squared units of the reward (SB3's 1e-8).
+    """
 
     def __init__(self, observation_space: Optional[gym.spaces.Box] = None, clip_value: float = 10.0,
-                 epsilon: float = 1e-8):
+                 epsilon: float = 1e-8, gamma: Optional[float] = None):
         super().__init__()
-        self.stats = RunningMeanStd(())
+        if gamma is not None and not 0.0 < gamma <= 1.0:
+            raise OneLineValueError(f"RewardNormalizer.gamma={gamma} must be a discount in (0, 1] (the conf's "
+                                    f"gamma, for VecNormalize's return-based scaling) or None (the rewards' own std)")
+        self.gamma = gamma
+        self.stats = RunningMeanStd((), prior_count=0.0 if gamma is None else SB3_PRIOR_COUNT)
         self.clip_value, self.epsilon = clip_value, epsilon
 
     def transform_timestep(self, time_step: TimeStep, state: Any, update_stats: bool) -> tuple[TimeStep, Any]:
         if update_stats:
-            self.stats.update(time_step.reward)
+            if self.gamma is None:
+                self.stats.update(time_step.reward)
+            else:
+                state = self._update_return_stats(time_step, state)
         return time_step._replace(reward=self._normalize(time_step.reward)), state
+
+    def _update_return_stats(self, time_step: TimeStep, running_return: Optional[torch.Tensor]) -> torch.Tensor:
+        """VecNormalize's ``_update_reward`` and its reset at ``dones``: returns the running returns ``[B]`` (float64)
+        to carry to the next step."""
+        reward = time_step.reward.double()
+        if running_return is None:
+            running_return = torch.zeros_like(reward)
+        counted = ~time_step.is_first()
+        running_return = torch.where(counted, running_return * self.gamma + reward, 0.0)
+        self.stats.update_where(running_return, counted)
+        return torch.where(time_step.is_last(), 0.0, running_return)
+
+    @torch.no_grad()
+    def update_from_episodes(self, step_type: np.ndarray, reward: np.ndarray, running_return: float = 0.0) -> float:
+        """Feed stored steps ``[T]`` (episodes one after another, ``FIRST, MID..., LAST``; offline data) to the
+        statistics as the rollout would: the rewards of the non-FIRST steps, or with ``gamma`` their running
+        returns. ``running_return`` carries a return from the previous chunk of the same data; returns the one to
+        carry to the next."""
+        counted = step_type != StepType.FIRST
+        if self.gamma is None:
+            values = np.asarray(reward[counted], np.float32)
+        else:
+            values = np.empty(len(reward), np.float64)
+            for i, (first, value) in enumerate(zip((~counted).tolist(), reward.tolist())):
+                running_return = 0.0 if first else running_return * self.gamma + value
+                values[i] = running_return
+            values = values[counted]
+        if len(values):
+            self.stats.update(torch.from_numpy(np.ascontiguousarray(values)))
+        return running_return
 
     def _normalize(self, reward: torch.Tensor) -> torch.Tensor:
         std = torch.sqrt(self.stats.variance() + self.epsilon).float()

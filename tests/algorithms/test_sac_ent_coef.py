@@ -89,6 +89,13 @@ def test_a_learned_alpha_setting_next_to_a_fixed_alpha_is_an_error(binding):
         SacAlgorithm(SPACE, SPACE, hidden_sizes=(4,), ent_coef=0.1)
 
 
+def test_the_defaults_an_operative_config_records_are_not_an_error_next_to_a_fixed_alpha():
+    # play and resume rebuild from root_dir/config/operative.gin, which records every default of SacAlgorithm
+    for param, default in (("alpha_lr", 3e-4), ("initial_log_alpha", 0.0), ("target_entropy", None)):
+        gin.bind_parameter(f"SacAlgorithm.{param}", default)
+    assert not SacAlgorithm(SPACE, SPACE, hidden_sizes=(4,), ent_coef=0.1).learns_alpha
+
+
 def test_a_fixed_alpha_trains_through_the_trainer(tmp_path):
     # the whole path (Learner with two parameter groups, summaries of alpha) with SAC's fixed alpha
     conf = tmp_path / "sac.gin"

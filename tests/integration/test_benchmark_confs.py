@@ -1,11 +1,12 @@
 """The RL Zoo benchmark confs (issue 30) in the fast tier: each builds from its shipped file and trains 3 iterations in
 this process, at its own networks and hyperparameters, with only the run's sizes shrunk (few env steps, a small
-replay buffer, no evaluation). Confs whose env package is missing skip with the install line (tests/shipped_confs.py).
-The full checkpoint/resume/play cycle of each runs in the slow tier (tests/integration/test_cli.py)."""
+replay buffer, short training bursts, no evaluation). Confs whose env package is missing skip with the install line
+(tests/shipped_confs.py). The full checkpoint/resume/play cycle of each runs in the slow tier
+(tests/integration/test_cli.py)."""
 import pytest
 
 from alfish.rundir.checkpoint import Checkpointer
-from tests.shipped_confs import BOX2D_CONFS, MUJOCO_CONFS, skip_unless_installed
+from tests.shipped_confs import BOX2D_CONFS, CLASSIC_CONTROL_CONFS, MUJOCO_CONFS, skip_unless_installed
 
 from .inprocess import CONFS, run_trainer
 
@@ -17,11 +18,14 @@ OFF_POLICY = ["TrainerConfig.initial_collect_steps=256", "TrainerConfig.replay_b
 # on-policy (PPO): 16 steps per env per iteration, 2 epochs of mini-batches of 16
 ON_POLICY = ["TrainerConfig.unroll_length=16", "TrainerConfig.replay_buffer_length=17",
              "TrainerConfig.mini_batch_size=16", "TrainerConfig.num_updates_per_train_iter=2"]
-BENCHMARK_CONFS = sorted(MUJOCO_CONFS + BOX2D_CONFS)
+# SAC with gSDE trains in bursts (32 or 64 env steps, then as many updates): 8 steps and 2 updates per iteration here
+BURSTS = {"sac_mountaincar_continuous.gin", "sac_bipedalwalker.gin"}
+SHORT_BURSTS = ["TrainerConfig.unroll_length=8", "TrainerConfig.num_updates_per_train_iter=2"]
+BENCHMARK_CONFS = sorted(MUJOCO_CONFS + BOX2D_CONFS + CLASSIC_CONTROL_CONFS)
 
 
 def shrink(conf: str) -> list[str]:
-    return SMALL_RUN + (ON_POLICY if conf.startswith("ppo_") else OFF_POLICY)
+    return SMALL_RUN + (ON_POLICY if conf.startswith("ppo_") else OFF_POLICY) + (SHORT_BURSTS if conf in BURSTS else [])
 
 
 def test_every_benchmark_conf_is_shipped_and_checked_here():

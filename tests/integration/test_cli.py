@@ -14,7 +14,7 @@ import imageio.v2 as imageio
 import pytest
 
 from alfish.rundir.checkpoint import Checkpointer
-from tests.shipped_confs import BOX2D_CONFS, MUJOCO_CONFS, data_params, skip_unless_installed
+from tests.shipped_confs import BOX2D_CONFS, CLASSIC_CONTROL_CONFS, MUJOCO_CONFS, data_params, skip_unless_installed
 
 from .inprocess import CONFS, REPO, eval_log
 
@@ -92,6 +92,11 @@ SHRINK = {
     **{conf: ([f"TrainerConfig.num_env_steps={32 * ZOO_PPO_ENVS.get(conf, 1)}"] + ZOO_ON_POLICY,
               64 * ZOO_PPO_ENVS.get(conf, 1))
        for conf in MUJOCO_CONFS + BOX2D_CONFS if conf.startswith("ppo_")},
+    # SAC with gSDE (32 or 64 env steps and as many updates per iteration in the confs): 256 warm-up steps + 8 steps
+    # and 2 updates per iteration: 300 env steps = 6 iterations, then 340 = 11.
+    **{conf: (["TrainerConfig.num_env_steps=300", "TrainerConfig.unroll_length=8",
+               "TrainerConfig.num_updates_per_train_iter=2"] + ZOO_OFF_POLICY, 340)
+       for conf in ("sac_mountaincar_continuous.gin", "sac_bipedalwalker.gin")},
 }
 # Pure offline confs (no env steps): iterations of the first run, then of the resumed one.
 OFFLINE_SHRINK = {"bc_pendulum.gin": (["NUM_ITERATIONS=20", "TrainerConfig.eval_interval=10"] + EVAL_SMALL, 40),
@@ -102,7 +107,7 @@ EPISODE_LIMIT = {"sac_pendulum.gin": 200, "sac_pendulum_hybrid.gin": 200, "ppo_c
                  "dqn_cartpole.gin": 500, "td3_pendulum.gin": 200,
                  "ddpg_pendulum.gin": 200, "dqn_her_bitflip.gin": 10,
                  "sac_pendulum_realtime.gin": 200, "dqn_pong.gin": 50, "dqn_breakout.gin": 50, "ppo_pong.gin": 50,
-                 "ppo_breakout.gin": 50, **{conf: 50 for conf in MUJOCO_CONFS + BOX2D_CONFS}}
+                 "ppo_breakout.gin": 50, **{conf: 50 for conf in MUJOCO_CONFS + BOX2D_CONFS + CLASSIC_CONTROL_CONFS}}
 
 
 # The default run trains, resumes and plays one conf of each kind (off-policy SAC, on-policy PPO, DQN with HER and a

@@ -143,6 +143,13 @@ def test_sac_with_gsde_resumes_exactly_with_its_noise_matrices(tmp_path, capsys)
                  "TrainerConfig.unroll_length = 3") == 0, capsys.readouterr().out
 
 
+@pytest.mark.slow  # ~15 s; the running returns' round trip is unit-tested in tests/transforms
+def test_the_return_based_reward_normalizer_resumes_exactly_mid_episode(tmp_path, capsys):
+    # stopped at env step 120 of a 200-step episode: the running return in flight must come back with the unroll
+    assert check(tmp_path, SAC, 70, "TrainerConfig.data_transformer_ctor = [@RewardNormalizer]",
+                 "RewardNormalizer.gamma = 0.9") == 0, capsys.readouterr().out
+
+
 @pytest.mark.slow  # 21 s; check_resume's comparison is unit-tested in the default run
 def test_the_tool_names_the_first_difference_where_a_resume_cannot_be_exact(tmp_path, capsys):
     # async unroll: which parameter version chose each action depends on timing

@@ -3,7 +3,7 @@
 In pure offline training nothing is rolled out, so a normalizer that learns its statistics from the rollout would
 never learn any; in hybrid training the offline data is part of what the algorithm sees. One pass over the data (in
 chunks, so mapped data stays mapped) feeds every ``ObservationNormalizer`` that sees raw observations and every
-``RewardNormalizer`` (rewards of non-FIRST steps).
+``RewardNormalizer`` (rewards of non-FIRST steps, or with its ``gamma`` their running discounted returns).
 """
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import logging
 import numpy as np
 import torch
 
-from alfish.data.types import StepType
 from alfish.replay.offline.steps import Steps
 from alfish.transforms.base import DataTransformer
 from alfish.transforms.normalizers import ObservationNormalizer, RewardNormalizer
@@ -37,11 +36,11 @@ def init_normalizers(transformer: DataTransformer, steps: Steps) -> list[str]:
                 logging.info("OfflineData.init_normalizers: %s follows a transformer that changes observations; "
                              "its statistics come from the rollout only", type(part).__name__)
         elif isinstance(part, RewardNormalizer):
+            running_return = 0.0  # RewardNormalizer.gamma: the return carried from one chunk to the next
             for lo in range(0, len(steps), CHUNK_ROWS):
-                kind = np.asarray(steps.step_type[lo:lo + CHUNK_ROWS])
-                reward = np.asarray(steps.reward[lo:lo + CHUNK_ROWS])[kind != StepType.FIRST]
-                if len(reward):
-                    part.stats.update(torch.from_numpy(np.ascontiguousarray(reward, dtype=np.float32)))
+                running_return = part.update_from_episodes(np.asarray(steps.step_type[lo:lo + CHUNK_ROWS]),
+                                                           np.asarray(steps.reward[lo:lo + CHUNK_ROWS]),
+                                                           running_return)
             updated.append(type(part).__name__)
         elif type(part).__name__ not in ("UntransformedTimeStep",):
             raw_observations = raw_observations and _keeps_observations(part)
