@@ -109,6 +109,11 @@ class MixedSacAlgorithm(SacAlgorithm):
             self.discrete_log_alpha = nn.Parameter(torch.tensor(float(initial_log_alpha)))
         else:
             self.register_buffer("discrete_log_alpha", torch.tensor(math.log(ent_coef)))
+        if isinstance(discrete_target_entropy, (int, float)) and discrete_target_entropy > math.log(self.num_actions):
+            raise OneLineValueError(f"SacAlgorithm.discrete_target_entropy={discrete_target_entropy} is above "
+                                    f"log({self.num_actions}) = {math.log(self.num_actions):.4f}, the most entropy "
+                                    f"{self.num_actions} choices can have (alpha would grow without end); set it "
+                                    "lower, or None for ALF's default")
         self.discrete_target_entropy = TracedValue(default_discrete_entropy(self.num_actions)
                                                    if discrete_target_entropy is None else discrete_target_entropy)
 
