@@ -83,17 +83,21 @@ def check_spaces(env_name: str, observation_space: gym.Space, action_space: gym.
     elif isinstance(action, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
         _check_multi_action_space(env_name, action)
     else:
-        raise EnvContractError(f"env '{env_name}' has action space {action}; alfish supports Box, Discrete, "
-                               f"MultiDiscrete and MultiBinary actions, and mixed ones ({SUPPORTED_MIXED}) (wrap the "
-                               "env in a gymnasium.ActionWrapper whose action_space is one of them)")
+        raise _unsupported_action_space(env_name, action)
+
+
+def _unsupported_action_space(env_name: str, action: gym.Space) -> EnvContractError:
+    return EnvContractError(f"env '{env_name}' has action space {one_line(action)}; alfish supports Box, Discrete, "
+                            "MultiDiscrete and MultiBinary actions (wrap the env in a gymnasium.ActionWrapper whose "
+                            f"action_space is one of them), and mixed ones: {SUPPORTED_MIXED}")
 
 
 def _check_mixed_action_space(env_name: str, observation_space: gym.Space, action: gym.Space) -> None:
     """A mixed action space (``alfish.envs.mixed_actions``): one Discrete and one Box part, each as a lone one."""
     try:
         discrete_key, box_key = mixed_parts(action)
-    except ValueError as err:
-        raise EnvContractError(f"env '{env_name}': {err}") from None
+    except ValueError:
+        raise _unsupported_action_space(env_name, action) from None
     for key in (discrete_key, box_key):
         check_spaces(env_name, observation_space, action[key])
 
