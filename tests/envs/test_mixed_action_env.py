@@ -130,3 +130,21 @@ def test_toy_env_answering_the_target_earns_the_optimum(env_name):
         assert torch.allclose(step.reward, 1.0 - 2 * obs[:, 3].abs(), atol=1e-6)  # the right class, minus |v - target|
     finally:
         env.close()
+
+
+def test_an_episode_just_begun_resumes_exactly():
+    # Its action log is empty, ``zeros((0, 1 + d))``, whose numpy strides are (0, 0): not a broadcast array (this
+    # was once refused as damaged, for every action of more than one number: packed mixed actions, Multi*)
+    env = BatchedEnv("alfish/MatchChoiceAndValue-v0", 2, 0)
+    again = BatchedEnv("alfish/MatchChoiceAndValue-v0", 2, 5)
+    try:
+        first = env.reset()
+        states = env.resume_states()
+        assert states[0]["actions"].shape == (0, 2)
+        assert again.restore(states, np.zeros(2, dtype=bool)) == [True, True]
+        step = again.step(torch.tensor([[0.0, 0.0], [1.0, 0.5]]))
+        assert torch.equal(env.step(torch.tensor([[0.0, 0.0], [1.0, 0.5]])).reward, step.reward)
+        assert first.observation.shape == (2, 4)
+    finally:
+        env.close()
+        again.close()
