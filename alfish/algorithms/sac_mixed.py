@@ -187,6 +187,8 @@ class MixedSacAlgorithm(SacAlgorithm):
             valid = (exp.step_type[:-1] != StepType.LAST).flatten().to(train_info.discrete_entropy.dtype)
             out["discrete_entropy"] = (train_info.discrete_entropy * valid).sum() / valid.sum().clamp(min=1.0)
             out["discrete_alpha"] = self.discrete_log_alpha.detach().exp()
+            if self.debug_summaries:
+                out["debug/discrete_target_entropy"] = self.discrete_target_entropy.tensor_value(valid.device)
             return out
 
         return loss_info._replace(extra=extra)

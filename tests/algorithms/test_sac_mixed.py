@@ -134,6 +134,25 @@ def test_each_part_has_its_own_alpha_and_target_entropy():
     assert all(p.grad is None for p in list(sac.actor.parameters()) + list(sac.critics.parameters()))
 
 
+def test_summaries_report_each_part_and_mask_transitions_out_of_last_steps():
+    sac = mixed_sac()
+    sac.debug_summaries = True
+    exp = batch()
+    exp = exp._replace(step_type=torch.tensor([[StepType.MID, StepType.LAST], [StepType.MID, StepType.FIRST]],
+                                              dtype=torch.int8))
+    info = sac.train_step(exp).info
+    with torch.no_grad():
+        info = info._replace(discrete_entropy=torch.tensor([0.25, 99.0]))  # env 1's transition is out of a LAST step
+    loss_info = sac.calc_loss(exp, info)
+    extra = loss_info.extra()
+    assert extra["discrete_entropy"].item() == pytest.approx(0.25)
+    assert extra["discrete_alpha"].item() == pytest.approx(1.0) and extra["alpha"].item() == pytest.approx(1.0)
+    assert extra["entropy"].item() == pytest.approx(-info.log_prob[0].item(), abs=1e-6)
+    assert loss_info.loss[0, 1].item() == 0.0 and loss_info.loss.shape == (1, 2)
+    assert extra["debug/q.mean"].item() == pytest.approx(1.5)  # env 0 replayed choice 1: the members' Q 2 and 1
+    assert extra["debug/discrete_target_entropy"].item() == pytest.approx(default_discrete_entropy(3))
+
+
 def test_each_loss_term_reaches_only_its_parameters():
     for term, owners in (("critic_loss", {"critics"}), ("actor_loss", {"actor"})):
         sac = SacAlgorithm(OBS, MIXED, hidden_sizes=(4,))
