@@ -41,7 +41,7 @@ from torch import nn
 
 from alfish.algorithms.sac import SacAlgorithm
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
-from alfish.envs.mixed_actions import choice_of, pack
+from alfish.envs.mixed_actions import choice_of
 from alfish.errors import OneLineValueError
 from alfish.networks.ensemble import EnsembleCritic
 from alfish.schedulers import Scheduler, TracedValue
@@ -58,6 +58,12 @@ def default_discrete_entropy(num_choices: int, min_prob: float = MIN_PROB) -> fl
     if num_choices <= 1:
         return 0.0
     return min_prob * (math.log(num_choices - 1) - math.log(min_prob)) - (1 - min_prob) * math.log(1 - min_prob)
+
+
+def pack(choice: torch.Tensor, box_action: torch.Tensor) -> torch.Tensor:
+    """Packed mixed actions ``[*, 1 + d]`` (``alfish.envs.mixed_actions``) of choices ``[*]`` (integers) and Box actions
+    ``[*, d]`` (env units)."""
+    return torch.cat([choice.unsqueeze(-1).to(box_action.dtype), box_action], dim=-1)
 
 
 def discrete_policy(q: torch.Tensor, alpha: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

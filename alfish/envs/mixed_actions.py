@@ -18,11 +18,13 @@ algorithm stores and what the env was given agree.
 """
 from __future__ import annotations
 
-from typing import Any, Hashable
+from typing import TYPE_CHECKING, Any, Hashable
 
 import gymnasium as gym
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # (env workers import this module: it must not import torch, see tests/envs/test_env_workers.py)
+    import torch
 
 #: The container spaces a mixed action may come in.
 MIXED_ACTION_SPACES = (gym.spaces.Tuple, gym.spaces.Dict)
@@ -43,15 +45,10 @@ def mixed_parts(space: gym.Space) -> tuple[Hashable, Hashable]:
     return discrete[0], boxes[0]
 
 
-def choice_of(packed: torch.Tensor, num_choices: int) -> torch.Tensor:
+def choice_of(packed: "torch.Tensor", num_choices: int) -> "torch.Tensor":
     """The discrete choices ``[*]`` int64 of packed actions ``[*, 1 + d]`` (``floor(x + 0.5)``, clipped to
-    ``[0, num_choices - 1]``; module docstring)."""
+    ``[0, num_choices - 1]``; module docstring). (The packing side is ``alfish.algorithms.sac_mixed.pack``.)"""
     return packed[..., 0].add(0.5).floor_().clamp_(0, num_choices - 1).long()
-
-
-def pack(choice: torch.Tensor, box_action: torch.Tensor) -> torch.Tensor:
-    """Packed actions ``[*, 1 + d]`` float of choices ``[*]`` (integers) and Box actions ``[*, d]`` (env units)."""
-    return torch.cat([choice.unsqueeze(-1).to(box_action.dtype), box_action], dim=-1)
 
 
 class MixedActionBox(gym.spaces.Box):
