@@ -125,6 +125,9 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
     """
 
     rollout_module_names = ("actor",)  # async unroll ships only these to its child
+    #: The subclass that drives mixed actions: ``sac_mixed.MixedSacAlgorithm`` sets it when defined (importing
+    #: ``alfish.algorithms`` imports it); ``None``: mixed actions are refused (``RLAlgorithm``).
+    mixed_action_class: Optional[type] = None
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                  hidden_sizes: Sequence[int] = (256, 256), actor_lr: float | Scheduler = 3e-4,
@@ -191,10 +194,6 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self.target_update_period = target_update_period
         self._lrs = dict(actor=actor_lr, critic=critic_lr, alpha=alpha_lr)
         self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
-
-    #: The subclass that drives mixed actions: ``sac_mixed.MixedSacAlgorithm`` sets it when defined (importing
-    #: ``alfish.algorithms`` imports it); ``None``: mixed actions are refused (``RLAlgorithm``).
-    mixed_action_class: Optional[type] = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "SacAlgorithm":
         """``SacAlgorithm(...)`` for a mixed action space builds a ``mixed_action_class`` (its ``__init__`` is this

@@ -87,6 +87,7 @@ def check_spaces(env_name: str, observation_space: gym.Space, action_space: gym.
 
 
 def _unsupported_action_space(env_name: str, action: gym.Space) -> EnvContractError:
+    """The one line for an action space alfish cannot drive."""
     return EnvContractError(f"env '{env_name}' has action space {one_line(action)}; alfish supports Box, Discrete, "
                             "MultiDiscrete and MultiBinary actions (wrap the env in a gymnasium.ActionWrapper whose "
                             f"action_space is one of them), and mixed ones: {SUPPORTED_MIXED}")

@@ -70,10 +70,9 @@ class MixedActionBox(gym.spaces.Box):
     def unpack(self, packed: np.ndarray) -> Any:
         """One env's action ``[1 + d]`` -> the Tuple (a tuple) or Dict (a dict) ``original`` takes."""
         packed = np.asarray(packed, dtype=np.float32).reshape(-1)
-        choice = np.int64(min(max(np.floor(packed[0] + 0.5), 0), self.num_choices - 1))
-        start = int(self.original[self.discrete_key].start)  # 0: the contract check refuses others
+        choice = np.int64(min(max(np.floor(packed[0] + 0.5), 0), self.num_choices - 1))  # as ``choice_of``
         box = packed[1:].reshape(self.box_space.shape).astype(self.box_space.dtype)
-        parts = {self.discrete_key: choice + start, self.box_key: box}
+        parts = {self.discrete_key: choice, self.box_key: box}
         if isinstance(self.original, gym.spaces.Tuple):
             return tuple(parts[i] for i in range(2))
         return {key: parts[key] for key in self.original.spaces}
