@@ -6,8 +6,9 @@ from alfish.algorithms.dqn import DqnAlgorithm
 from alfish.algorithms.iql import IqlAlgorithm
 from alfish.algorithms.ppo import PpoAlgorithm
 from alfish.algorithms.sac import SacAlgorithm
+from alfish.algorithms.sac_mixed import MixedSacAlgorithm
 from alfish.algorithms.supervised import SupervisedModel
 
 __all__ = ["A2cAlgorithm", "Algorithm", "BcAlgorithm", "DdpgAlgorithm", "DqnAlgorithm", "IqlAlgorithm",
-           "OffPolicyAlgorithm", "OnPolicyAlgorithm", "PpoAlgorithm", "RLAlgorithm", "SacAlgorithm", "SupervisedModel",
-           "Td3Algorithm"]
+           "MixedSacAlgorithm", "OffPolicyAlgorithm", "OnPolicyAlgorithm", "PpoAlgorithm", "RLAlgorithm",
+           "SacAlgorithm", "SupervisedModel", "Td3Algorithm"]

@@ -32,6 +32,7 @@ from alfish.data import nest
 from alfish.data.state import is_empty, reset_state_at_first  # noqa: F401  (re-exported)
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, TimeStep
 from alfish.envs.contract import one_line
+from alfish.envs.mixed_actions import MixedActionBox
 from alfish.envs.spec import MULTI_ACTION_SPACES
 from alfish.errors import OneLineValueError
 from alfish.networks.encoding import is_flat_space
@@ -146,10 +147,11 @@ class RLAlgorithm(Algorithm):
     """An algorithm acting in an env with Box (or dict-of-Box) observations and Box or Discrete actions (and
     MultiDiscrete / MultiBinary actions where the subclass sets ``drives_multi_actions``).
 
-    Action attributes: ``action_kind`` (``'box' | 'discrete' | 'multi_discrete' | 'multi_binary'``); ``discrete``
-    (True for a Discrete only); ``num_actions`` (Discrete: ``n``); ``action_dim`` (Box: the flattened size; Discrete:
-    1; Multi*: ``k``, the number of sub-actions); ``action_nvec`` (MultiDiscrete: the choices per sub-action, a tuple
-    of ``k`` ints); ``action_low`` / ``action_high`` (Box: the bounds ``[action_dim]``).
+    Action attributes: ``action_kind`` (``'box' | 'discrete' | 'multi_discrete' | 'multi_binary' | 'mixed'``);
+    ``discrete`` (True for a Discrete only); ``num_actions`` (Discrete, mixed: ``n``); ``action_dim`` (Box: the
+    flattened size; Discrete: 1; Multi*: ``k``, the number of sub-actions; mixed: the Box part's size ``d``, the packed
+    action being ``[1 + d]``); ``action_nvec`` (MultiDiscrete: the choices per sub-action, a tuple of ``k`` ints);
+    ``action_low`` / ``action_high`` (Box, mixed's Box part: the bounds ``[action_dim]``).
 
     What its networks see (``network_input``), decided once by ``use_networks``:
       - flat mode, when the observation is a vector (or a dict of vectors) and no network constructor was given: the
@@ -165,6 +167,9 @@ class RLAlgorithm(Algorithm):
     #: Whether the policy can drive MultiDiscrete / MultiBinary actions (one categorical / Bernoulli per sub-action);
     #: the others refuse those spaces when built.
     drives_multi_actions: bool = False
+    #: Whether the policy can drive a mixed action (a Tuple or Dict of one Discrete and one Box part, which reaches
+    #: the algorithm packed: ``alfish.envs.mixed_actions.MixedActionBox``); the others refuse it when built.
+    drives_mixed_actions: bool = False
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space):
         super().__init__()
@@ -179,6 +184,8 @@ class RLAlgorithm(Algorithm):
             self.action_dim = 1
         elif isinstance(action_space, MULTI_ACTION_SPACES):
             self._use_multi_action_space(action_space)
+        elif isinstance(action_space, MixedActionBox):
+            self._use_mixed_action_space(action_space)
         else:
             self.action_dim = int(torch.tensor(action_space.shape).prod())
             low = torch.as_tensor(action_space.low, dtype=torch.float32).reshape(-1)
@@ -204,6 +211,22 @@ class RLAlgorithm(Algorithm):
         else:
             self.action_kind = "multi_discrete"
             self.action_nvec = tuple(int(n) for n in action_space.nvec)
+
+    def _use_mixed_action_space(self, action_space: MixedActionBox) -> None:
+        """Sets the action attributes of a mixed action (a Discrete and a Box, packed: ``alfish.envs.mixed_actions``):
+        ``num_actions`` (the Discrete's ``n``), ``action_dim`` and the bounds of the Box part; or refuses it in one line
+        when this algorithm cannot drive it."""
+        if not self.drives_mixed_actions:
+            space = one_line(action_space.original)
+            raise OneLineValueError(f"{type(self).__name__} cannot drive mixed actions ({space}); SacAlgorithm can "
+                                    "(one Discrete and one Box part)")
+        self.action_kind = "mixed"
+        self.num_actions = action_space.num_choices
+        box = action_space.box_space
+        self.action_dim = int(np.prod(box.shape))
+        self.register_buffer("action_low", torch.as_tensor(box.low, dtype=torch.float32).reshape(-1), persistent=False)
+        self.register_buffer("action_high", torch.as_tensor(box.high, dtype=torch.float32).reshape(-1),
+                             persistent=False)
 
     # --- networks: built from gin constructors, or the defaults sized by hidden_sizes -------------------------------
     def use_networks(self, *network_ctors: Optional[Callable[..., nn.Module]]) -> None:

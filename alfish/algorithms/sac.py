@@ -16,7 +16,11 @@ that state (the first ``burn_in`` steps without gradient: they only warm the sta
 whole of it, the state reset at FIRST steps inside it. Every step ``t`` in ``[burn_in, L-2]`` is trained, against
 ``r[t+1] + gamma * discount[t+1] * (min_i Q'_i(target features[t+1], a') - alpha * log pi(a'))``, ``a'`` drawn from
 the actor on the online features of step ``t+1`` (``TrainerConfig.mini_batch_length >= burn_in + 2``); a sequence's
-replay priority is R2D2's ``0.9 max + 0.1 mean`` of its |TD errors|. Continuous actions only, as SAC.
+replay priority is R2D2's ``0.9 max + 0.1 mean`` of its |TD errors|.
+
+Box actions; a mixed action (a Tuple or Dict of one Discrete and one Box part, as ALF's SAC) is driven by the subclass
+``MixedSacAlgorithm`` (``sac_mixed.py``), which ``SacAlgorithm(...)`` builds for such an action space, chosen once at
+build time: the Box path has no branch for it.
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from alfish.algorithms.network_sizes import part_hidden_sizes
 from alfish.data import nest
 from alfish.data.state import is_empty
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
+from alfish.envs.mixed_actions import MixedActionBox
 from alfish.errors import OneLineValueError
 from alfish.networks.distributions import tanh_gaussian_sample
 from alfish.networks.ensemble import EnsembleCritic
@@ -53,7 +58,7 @@ def refuse_learned_alpha_bindings(ent_coef: float) -> None:
     binding would do nothing). A binding to the default is let through: a run's operative config records every
     default (``initial_log_alpha = 0.0``, ...), and play and resume rebuild from it."""
     defaults = inspect.signature(SacAlgorithm.__init__).parameters
-    for param in ("initial_log_alpha", "alpha_lr", "target_entropy"):
+    for param in ("initial_log_alpha", "alpha_lr", "target_entropy", "discrete_target_entropy"):
         try:
             value = gin.query_parameter(f"SacAlgorithm.{param}")
         except ValueError:  # not bound
@@ -119,9 +124,15 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             episode's start and at each training iteration's rollout start).
         log_std_init: gSDE: initial log of the noise's sigma ``[latent_dim, action_dim]``; ``None``: SB3's -3 for SAC.
         full_std: gSDE: one sigma per (latent unit, action dim); ``False``: one per latent unit.
+        discrete_target_entropy: mixed actions only (``MixedSacAlgorithm``): the entropy in nats the discrete part's
+            temperature aims for (number or schedule); ``None``: ALF's default (``sac_mixed.default_discrete_entropy``).
+            ``target_entropy`` is then the Box part's (default ``-d``, ``d`` its size).
     """
 
     rollout_module_names = ("actor",)  # async unroll ships only these to its child
+    #: The subclass that drives mixed actions: ``sac_mixed.MixedSacAlgorithm`` sets it when defined (importing
+    #: ``alfish.algorithms`` imports it); ``None``: mixed actions are refused (``RLAlgorithm``).
+    mixed_action_class: Optional[type] = None
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                  hidden_sizes: Sequence[int] = (256, 256), actor_lr: float | Scheduler = 3e-4,
@@ -134,7 +145,7 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  ent_coef: Optional[float] = None, actor_hidden_sizes: Optional[Sequence[int]] = None,
                  critic_hidden_sizes: Optional[Sequence[int]] = None, activation: str = "relu",
                  use_sde: bool = False, sde_sample_freq: int = -1, log_std_init: Optional[float] = None,
-                 full_std: bool = True):
+                 full_std: bool = True, discrete_target_entropy: Optional[float | Scheduler] = None):
         super().__init__(observation_space, action_space)
         check_sde_options("SacAlgorithm", use_sde, sde_sample_freq, log_std_init, full_std)
         log_std_init = -3.0 if log_std_init is None else log_std_init  # SB3's default for SAC+gSDE
@@ -182,6 +193,30 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise ValueError(f"SacAlgorithm.burn_in={burn_in} warms up a recurrent state; this SAC has none (set "
                              "EncodingNetwork.rnn and SacAlgorithm.encoding_network_ctor, or burn_in = 0)")
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
+        self._init_temperature(initial_log_alpha, ent_coef, target_entropy, discrete_target_entropy)
+        self.gamma = gamma
+        self.tau = as_scheduler(target_update_tau)
+        self.target_update_period = target_update_period
+        self._lrs = dict(actor=actor_lr, critic=critic_lr, alpha=alpha_lr)
+        self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "SacAlgorithm":
+        """``SacAlgorithm(...)`` for a mixed action space builds a ``mixed_action_class`` (its ``__init__`` is this
+        class's, with the same gin bindings); any other call builds ``cls`` itself."""
+        action_space = kwargs.get("action_space", args[1] if len(args) > 1 else None)
+        if cls is SacAlgorithm and isinstance(action_space, MixedActionBox) and cls.mixed_action_class is not None:
+            cls = cls.mixed_action_class
+        return super().__new__(cls)
+
+    def _init_temperature(self, initial_log_alpha: float, ent_coef: Optional[float],
+                          target_entropy: Optional[float | Scheduler],
+                          discrete_target_entropy: Optional[float | Scheduler]) -> None:
+        """``log_alpha`` (learned: a parameter; a fixed ``ent_coef``: a buffer) and ``target_entropy``; the mixed
+        subclass adds its discrete part's."""
+        if discrete_target_entropy is not None and self.action_kind != "mixed":
+            raise OneLineValueError(f"SacAlgorithm.discrete_target_entropy={discrete_target_entropy} is the target of "
+                                    "a mixed action's discrete part, but this env's actions are "
+                                    f"{self.action_kind}: remove it")
         # A fixed alpha is a buffer: kept in the state dict under the same name, never trained, no alpha group.
         self.learns_alpha = ent_coef is None
         if self.learns_alpha:
@@ -189,13 +224,8 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         else:
             refuse_learned_alpha_bindings(ent_coef)
             self.register_buffer("log_alpha", torch.tensor(math.log(ent_coef)))
-        self.gamma = gamma
-        self.tau = as_scheduler(target_update_tau)
-        self.target_update_period = target_update_period
         # read inside the loss: a TracedValue, so that a schedule does not recompile compiled updates
         self.target_entropy = TracedValue(-float(self.action_dim) if target_entropy is None else target_entropy)
-        self._lrs = dict(actor=actor_lr, critic=critic_lr, alpha=alpha_lr)
-        self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
 
     def _sde_actor(self, actor_cls: Any, critic_cls: Any, encoding_ctor: Any, hidden_sizes: Sequence[int],
                    options: dict, activation: str = "relu") -> SdeActor:

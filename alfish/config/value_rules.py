@@ -129,6 +129,7 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     '*.critic_lr': POSITIVE,
     '*.alpha_lr': POSITIVE,
     'SacAlgorithm.ent_coef': Range(0, low_open=True, note='the fixed entropy temperature alpha; None: learned'),
+    'SacAlgorithm.discrete_target_entropy': Range(0, note="nats, a mixed action's discrete part: at most log(n)"),
     '*.value_lr': POSITIVE,
     'IqlAlgorithm.expectile': Range(0, 1, low_open=True, high_open=True),
     'IqlAlgorithm.weight_temp': NON_NEGATIVE,

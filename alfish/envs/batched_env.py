@@ -33,7 +33,9 @@ class BatchedEnv:
     Observations: a Box space, returned as ``[B, *obs_shape]`` float32 (integer Boxes such as uint8 images keep their
     dtype, so the replay buffer stores them compactly), or a Dict of Boxes (goal-conditioned envs), returned as a dict
     of such tensors. Actions: Box (float32 ``[B, *action_shape]``, clipped to the bounds), Discrete (int64 ``[B]``) or
-    MultiDiscrete / MultiBinary (int64 ``[B, k]``, handed to the env in its space's dtype).
+    MultiDiscrete / MultiBinary (int64 ``[B, k]``, handed to the env in its space's dtype); a mixed action (a Tuple or
+    Dict of a Discrete and a Box) is a Box here, float32 ``[B, 1 + d]`` packed, each env unpacking its row
+    (``alfish.envs.mixed_actions``).
     An env that breaks this contract raises ``EnvContractError`` (one line); a failed async worker ``EnvWorkerError``.
     """
 

@@ -33,6 +33,7 @@ from typing import Any, Optional
 import gymnasium as gym
 import numpy as np
 
+from alfish.envs.mixed_actions import MIXED_ACTION_SPACES, SUPPORTED_MIXED, mixed_parts
 from alfish.errors import OneLineValueError
 
 # Reward and flag types that pass without a closer look (the types real envs return); others go to the full check.
@@ -53,12 +54,16 @@ class EnvContractError(OneLineValueError):
 def check_spaces(env_name: str, observation_space: gym.Space, action_space: gym.Space) -> None:
     """``EnvContractError`` unless the observation space is a Box or a Dict of Boxes and the action space a Box of
     floats with finite bounds (actions are scaled into them), a Discrete starting at 0, or a one-dimensional
-    MultiDiscrete (starting at 0) or MultiBinary."""
+    MultiDiscrete (starting at 0) or MultiBinary, or a mixed action (``alfish.envs.mixed_actions``) of such a Discrete
+    and such a Box."""
     space = observation_space
     leaves = list(space.spaces.values()) if isinstance(space, gym.spaces.Dict) else [space]
     if not all(isinstance(leaf, gym.spaces.Box) for leaf in leaves):
         raise EnvContractError(f"env '{env_name}' has observation space {space}; alfish supports Box observations and "
                                "Dicts of Boxes (wrap the env, e.g. gymnasium.wrappers.FlattenObservation)")
+    if isinstance(action_space, MIXED_ACTION_SPACES):
+        _check_mixed_action_space(env_name, observation_space, action_space)
+        return
     action = action_space
     if isinstance(action, gym.spaces.Discrete):
         if int(action.start) != 0:
@@ -78,9 +83,24 @@ def check_spaces(env_name: str, observation_space: gym.Space, action_space: gym.
     elif isinstance(action, (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)):
         _check_multi_action_space(env_name, action)
     else:
-        raise EnvContractError(f"env '{env_name}' has action space {action}; alfish supports Box, Discrete, "
-                               "MultiDiscrete and MultiBinary actions (wrap the env in a gymnasium.ActionWrapper whose "
-                               "action_space is one of them)")
+        raise _unsupported_action_space(env_name, action)
+
+
+def _unsupported_action_space(env_name: str, action: gym.Space) -> EnvContractError:
+    """The one line for an action space alfish cannot drive."""
+    return EnvContractError(f"env '{env_name}' has action space {one_line(action)}; alfish supports Box, Discrete, "
+                            "MultiDiscrete and MultiBinary actions (wrap the env in a gymnasium.ActionWrapper whose "
+                            f"action_space is one of them), and mixed ones: {SUPPORTED_MIXED}")
+
+
+def _check_mixed_action_space(env_name: str, observation_space: gym.Space, action: gym.Space) -> None:
+    """A mixed action space (``alfish.envs.mixed_actions``): one Discrete and one Box part, each as a lone one."""
+    try:
+        discrete_key, box_key = mixed_parts(action)
+    except ValueError:
+        raise _unsupported_action_space(env_name, action) from None
+    for key in (discrete_key, box_key):
+        check_spaces(env_name, observation_space, action[key])
 
 
 def one_line(space: gym.Space) -> str:

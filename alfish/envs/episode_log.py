@@ -43,8 +43,9 @@ _NOT_RESTORABLE = dict(start=None, actions=np.zeros((0,)), last_observation=None
 
 
 def _broadcast(array: np.ndarray) -> bool:
-    """Whether ``array`` repeats memory along a dimension (a stride-0 view: it claims more elements than it holds)."""
-    return any(stride == 0 and size > 1 for stride, size in zip(array.strides, array.shape))
+    """Whether ``array`` repeats memory along a dimension (a stride-0 view: it claims more elements than it holds). An
+    empty array claims none (numpy gives ``zeros((0, 3))`` strides ``(0, 0)``: the log of an episode just begun)."""
+    return array.size > 0 and any(stride == 0 and size > 1 for stride, size in zip(array.strides, array.shape))
 
 
 def action_log_problem(state: Any, max_actions: int = MAX_LOGGED_ACTIONS) -> Optional[str]:

@@ -19,6 +19,7 @@ import gymnasium as gym
 from alfish.envs.atari import is_atari, make_atari
 from alfish.envs.contract import ContractCheck, EnvContractError
 from alfish.envs.episode_log import EpisodeLog
+from alfish.envs.mixed_actions import MIXED_ACTION_SPACES, MixedActionPacking
 
 
 def conf_imports() -> tuple[str, ...]:
@@ -32,7 +33,8 @@ def conf_imports() -> tuple[str, ...]:
 class EnvFactory:
     """Makes one env: ``gymnasium.make(env_name, render_mode=..., **env_kwargs)`` (``make_atari`` for ``ALE/...``
     names) wrapped in ``ContractCheck`` and ``EpisodeLog`` (how each episode began and its actions, for exact
-    resume).
+    resume); a mixed action space (a Tuple or Dict of a Discrete and a Box) also in ``MixedActionPacking`` between
+    them, so that the env takes packed float actions (``alfish.envs.mixed_actions``).
 
     imports: modules to import first (``conf_imports()`` of the building process); they may register ``env_name``.
     parent_pid: the building process, to tell a worker's "env id not registered" from a plain unknown id.
@@ -55,7 +57,10 @@ class EnvFactory:
     def __call__(self) -> gym.Env:
         self._import_like_the_parent()
         # (the log outside the contract check: what it records has been checked)
-        return EpisodeLog(ContractCheck(self._make(), self.env_name))
+        env = ContractCheck(self._make(), self.env_name)
+        if isinstance(env.action_space, MIXED_ACTION_SPACES):  # the log and all above it see packed actions
+            env = MixedActionPacking(env)
+        return EpisodeLog(env)
 
     def _import_like_the_parent(self) -> None:
         import alfish.envs.toy  # noqa: F401  (registers the alfish/* ids)

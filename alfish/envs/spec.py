@@ -21,7 +21,8 @@ class EnvSpec:
     """The spaces of one env and the number of envs stepped together (picklable: it crosses processes).
 
     observation_space: a Box or a Dict of Boxes, as the env reports it (before data transformers).
-    action_space: a Box, a Discrete, or a one-dimensional MultiDiscrete / MultiBinary (PPO and A2C only).
+    action_space: a Box, a Discrete, or a one-dimensional MultiDiscrete / MultiBinary (PPO and A2C only), or a
+        ``MixedActionBox`` (a Tuple or Dict of one Discrete and one Box, packed; SAC only: envs/mixed_actions.py).
     num_envs: ``B``, envs in this process's batch.
     """
 
@@ -58,7 +59,7 @@ MULTI_ACTION_SPACES = (gym.spaces.MultiDiscrete, gym.spaces.MultiBinary)
 def action_layout(space: gym.Space) -> tuple[torch.dtype, tuple[int, ...]]:
     """``(dtype, shape)`` of one env's action as alfish's tensors hold it (env, rollout, replay, trajectories):
     Discrete: int64 ``()``; MultiDiscrete / MultiBinary: int64 ``(k,)`` (the env gets its space's own dtype, e.g.
-    MultiBinary's int8); Box: float32 of its shape."""
+    MultiBinary's int8); Box: float32 of its shape (a mixed action's ``MixedActionBox``: float32 ``(1 + d,)``)."""
     if isinstance(space, gym.spaces.Discrete):
         return torch.int64, ()
     if isinstance(space, MULTI_ACTION_SPACES):

@@ -3,7 +3,7 @@
 They are registered as gymnasium ids ``alfish/PointGoal-v0`` (continuous), ``alfish/Chain-v0`` (discrete) and
 ``alfish/MemoryCue-v0`` (discrete, needs memory: a recurrent policy) with its continuous-action variant
 ``alfish/MemoryCueContinuous-v0``, and ``alfish/MatchSubActions-v0`` (MultiDiscrete) with its MultiBinary variant
-``alfish/MatchBits-v0``.
+``alfish/MatchBits-v0``; ``alfish/MatchChoiceAndValue-v0`` (a mixed action: Discrete and Box, ``mixed_toy.py``).
 """
 from __future__ import annotations
 
@@ -201,4 +201,5 @@ register_toy_envs()
 import alfish.envs.bit_flipping  # noqa: E402,F401  (registers alfish/BitFlipping-v0 with the other toys)
 import alfish.envs.latency  # noqa: E402,F401  (registers alfish/Latency-v0)
 import alfish.envs.masked  # noqa: E402,F401  (registers alfish/CartPoleNoVelocity-v1)
+import alfish.envs.mixed_toy  # noqa: E402,F401  (registers alfish/MatchChoiceAndValue-v0 and its Dict variant)
 import alfish.envs.pixel  # noqa: E402,F401  (registers alfish/PixelCorridor-v0 and alfish/DictCorridor-v0)

@@ -187,9 +187,11 @@ class Evaluator:
 
 def has_critic_ensemble(algorithm: nn.Module) -> bool:
     """True for a continuous-action algorithm with ``critics``, an ensemble ``(obs, action) -> [E, N, 1]`` (not one
-    that reads an encoder's features, ``critics_read_observations`` False: SAC with a shared encoder)."""
+    that reads an encoder's features, ``critics_read_observations`` False: SAC with a shared encoder; nor mixed-action
+    SAC's, ``[E, N, n]``)."""
     return (isinstance(getattr(algorithm, "critics", None), nn.Module) and not getattr(algorithm, "discrete", True)
-            and getattr(algorithm, "critics_read_observations", True))
+            and getattr(algorithm, "critics_read_observations", True)
+            and getattr(algorithm, "action_kind", "box") == "box")
 
 
 class CriticSpread(EpisodeWatcher):

@@ -20,6 +20,7 @@ from torch.utils import _pytree as pytree
 from alfish.algorithms.base import Algorithm
 from alfish.data.state import is_empty
 from alfish.data.types import EMPTY, StepType, TimeStep
+from alfish.envs.mixed_actions import MixedActionBox
 from alfish.envs.spec import EnvSpec, action_layout
 from alfish.transforms.base import SequentialDataTransformer
 
@@ -58,6 +59,10 @@ class ExportedPolicy(nn.Module):
 
     def __init__(self, transformer: SequentialDataTransformer, algorithm: Algorithm, spec: EnvSpec):
         super().__init__()
+        if isinstance(spec.action_space, MixedActionBox):
+            # the program would output the packed float vector, which no consumer of the file expects
+            raise NotExportableError(f"the policy acts in a mixed action space ({spec.action_space.original}); "
+                                     "export writes Box, Discrete, MultiDiscrete and MultiBinary policies only")
         refuse_stateful_transformers(transformer, spec)
         self.transformer, self.algorithm = transformer, algorithm
         space = spec.observation_space
