@@ -57,7 +57,9 @@ class Sb3Job:
 
 def _settings(fn: Callable, bound: dict) -> dict:
     """``fn``'s parameters: its defaults, overridden by the conf's gin bindings ``bound``."""
-    values = {name: p.default for name, p in inspect.signature(fn).parameters.items()
+    # a class's __init__ (its own signature can be __new__'s: SacAlgorithm picks its mixed-action subclass there)
+    signature = inspect.signature(fn.__init__ if isinstance(fn, type) else fn)
+    values = {name: p.default for name, p in signature.parameters.items()
               if p.default is not inspect.Parameter.empty}
     values.update(bound)
     return values
