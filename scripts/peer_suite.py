@@ -95,7 +95,8 @@ def run_one(framework: str, conf: pathlib.Path, seed: int, env_steps: int, out: 
         return run
     params = [f"TrainerConfig.random_seed={seed}", f"TrainerConfig.num_env_steps={env_steps}",
               "TrainerConfig.num_iterations=0", *extra]
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"))
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))  # this alfish
     root.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()
     try:

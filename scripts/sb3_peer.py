@@ -25,7 +25,8 @@ import sys
 import time
 from typing import Optional
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+# this checkout's alfish (the one the alfish side of the suite runs), then sb3_translate beside this file
+sys.path[:0] = [str(pathlib.Path(__file__).resolve().parents[1]), str(pathlib.Path(__file__).resolve().parent)]
 
 from sb3_translate import Sb3Job, TranslateError, translate  # noqa: E402
 

@@ -149,7 +149,9 @@ def _sac(values: dict, common: dict) -> tuple[dict, set]:
                   n_critics=int(values["num_critics"]))
     if values["use_sde"]:
         kwargs.update(use_sde=True, sde_sample_freq=int(values["sde_sample_freq"]))
-        policy.update(full_std=bool(values["full_std"]))
+        if not values["full_std"]:
+            raise TranslateError("SacAlgorithm.full_std = False: SB3's SAC always uses one sigma per (latent unit, "
+                                 "action dim)")
         if values["log_std_init"] is not None:
             policy["log_std_init"] = float(values["log_std_init"])
     kwargs["policy_kwargs"] = policy
