@@ -92,8 +92,9 @@ class TrainerConfig:
             (``eval/return_std``, ``return_min``, ``return_max``) and, for an algorithm with a critic ensemble
             (``algorithm.critics``: SAC, TD3/DDPG, IQL), the critics' estimates of the evaluation's own state-action
             pairs: ``eval/critic_mean`` and, with 2 or more critics, ``eval/critic_std`` (mean over the steps of the
-            std across the ensemble). Others (PPO, A2C, DQN, BC, and SAC with a shared encoder, whose critics read
-            its features) record the return spread only.
+            std across the ensemble). Others (PPO, A2C, DQN, BC, SAC with a shared encoder, whose critics read its
+            features, and SAC with mixed actions, whose critics give one value per choice) record the return spread
+            only.
         num_eval_episodes: episodes per evaluation, summed over the eval envs.
         num_eval_environments: number of parallel eval envs.
         async_eval: run evaluation in a child process (acting on ``DevicePolicy.rollout_device``, the CPU by default)
