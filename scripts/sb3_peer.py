@@ -9,7 +9,8 @@ Evaluation: every ``eval_every`` env steps after ``learning_starts`` (the conf's
 ``initial_collect_steps``, the env steps at which alfish evaluates) and at the budget,
 ``num_eval_episodes`` deterministic episodes on a separate env (VecNormalize's observation statistics copied from the
 training env, rewards unnormalized), as alfish's evaluator does. Each evaluation appends one line to
-``root_dir/eval_log.jsonl`` (``iteration``, ``env_steps``, ``elapsed_s``: the run's wall-clock, ``average_return``).
+``root_dir/eval_log.jsonl`` (``iteration``, ``env_steps``, ``elapsed_s``: the run's wall-clock, ``average_return``,
+``average_episode_length``).
 Every ``--checkpoint_every`` env steps the model, replay buffer and VecNormalize statistics are saved in ``root_dir``;
 running the same command again resumes from there (SB3 has no exact resume: the resumed run's random streams differ
 from an uninterrupted one's). SB3 is a comparison peer only: ``pip install stable-baselines3`` (never an alfish
@@ -92,11 +93,13 @@ def build(job: Sb3Job, checkpoint: Checkpoint):
     else:
         model = cls("MlpPolicy", env, seed=job.seed, verbose=0, device="cpu", **kwargs)
 
-    def evaluate() -> float:
+    def evaluate() -> dict:
+        """The evaluation's ``average_return`` and ``average_episode_length`` (the fields of alfish's eval log)."""
         if job.normalize is not None:
             sync_envs_normalization(env, eval_env)
-        mean, _ = evaluate_policy(model, eval_env, n_eval_episodes=job.eval_episodes, deterministic=True)
-        return float(mean)
+        returns, lengths = evaluate_policy(model, eval_env, n_eval_episodes=job.eval_episodes, deterministic=True,
+                                           return_episode_rewards=True)
+        return dict(average_return=float(np.mean(returns)), average_episode_length=float(np.mean(lengths)))
 
     return model, env, evaluate
 
@@ -128,7 +131,7 @@ def train(job: Sb3Job, root: pathlib.Path, checkpoint_every: int) -> dict:
     def record(env_steps: int, number: int) -> None:
         recorded.append(env_steps)
         log.write(json.dumps(dict(iteration=number, env_steps=env_steps, elapsed_s=time.monotonic() - clock_zero,
-                                  average_return=evaluate())) + "\n")
+                                  **evaluate())) + "\n")
         log.flush()
 
     class Every(BaseCallback):
