@@ -234,7 +234,10 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             raise OneLineValueError("SacAlgorithm.use_sde=True builds its own MLP actor over flat observations; leave "
                                     "actor_network_cls, critic_network_cls and encoding_network_ctor unset")
         mlp = MLP(self.obs_dim, self.action_dim, hidden_sizes, activation)
-        return SdeActor(mlp, latent_size(self.obs_dim, hidden_sizes), self.action_dim, mean_clip=2.0, **options)
+        # as SB3's SAC actor: the mean clipped to [-2, 2], and the actor loss (entropy and Q through the noise)
+        # reaches the latent features (learn_features=True; its PPO's is False)
+        return SdeActor(mlp, latent_size(self.obs_dim, hidden_sizes), self.action_dim, mean_clip=2.0,
+                        learn_features=True, **options)
 
     def param_groups(self) -> list[dict]:
         """Three groups (two with a fixed ``ent_coef``); a shared encoder is trained by the critic loss, so it is in the

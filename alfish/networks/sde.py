@@ -72,14 +72,18 @@ class StateDependentNoise(nn.Module):
         full_std: ``True``: sigma ``[latent_dim, action_dim]``; ``False``: ``[latent_dim, 1]``.
         sample_freq: env steps between two draws of an env's matrix while acting; -1: only at episode (and
             rollout) starts.
+        learn_features: whether the losses reach the latent through the noise's variance and the training noise
+            (SB3's ``learn_features``: True in its SAC, False in its PPO); False detaches the latent there.
 
     Parameters: ``log_std``. The acting matrices are plain tensors, not state-dict entries (see ``acting_noise``);
     a checkpoint stores them with the collector's state (``acting_state``).
     """
 
-    def __init__(self, latent_dim: int, action_dim: int, log_std_init: float, full_std: bool, sample_freq: int):
+    def __init__(self, latent_dim: int, action_dim: int, log_std_init: float, full_std: bool, sample_freq: int,
+                 learn_features: bool = False):
         super().__init__()
         self.latent_dim, self.action_dim, self.sample_freq = latent_dim, action_dim, sample_freq
+        self.learn_features = learn_features
         self.log_std = nn.Parameter(torch.full((latent_dim, action_dim if full_std else 1), float(log_std_init)))
         self.matrices: Optional[torch.Tensor] = None  # [B, latent_dim, action_dim], one per env, while acting
         self.steps: Optional[torch.Tensor] = None     # [B] int64, acting steps since each env's matrix was drawn
@@ -88,9 +92,13 @@ class StateDependentNoise(nn.Module):
         """sigma ``[latent_dim, action_dim]``."""
         return torch.exp(self.log_std).expand(self.latent_dim, self.action_dim)
 
+    def _features(self, latent: torch.Tensor) -> torch.Tensor:
+        return (latent if self.learn_features else latent.detach()).float()
+
     def variance(self, latent: torch.Tensor) -> torch.Tensor:
-        """``latent(s)^2 @ sigma^2 + 1e-6`` ``[N, action_dim]``, the latent ``[N, latent_dim]`` detached."""
-        return (latent.detach().float() ** 2) @ (self.std() ** 2) + SDE_EPSILON
+        """``latent(s)^2 @ sigma^2 + 1e-6`` ``[N, action_dim]``; the latent ``[N, latent_dim]`` detached unless
+        ``learn_features``."""
+        return (self._features(latent) ** 2) @ (self.std() ** 2) + SDE_EPSILON
 
     def log_prob(self, u: torch.Tensor, mean: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
         """Log density ``[N]`` of the pre-squash actions ``u`` ``[N, action_dim]``."""
@@ -106,8 +114,9 @@ class StateDependentNoise(nn.Module):
         return std * torch.randn(*batch, *std.shape, device=std.device)
 
     def noise(self, latent: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
-        """``latent [N, latent_dim] @ matrix [latent_dim, action_dim]`` -> ``[N, action_dim]``, latent detached."""
-        return latent.detach().float() @ matrix
+        """``latent [N, latent_dim] @ matrix [latent_dim, action_dim]`` -> ``[N, action_dim]``; the latent detached
+        unless ``learn_features``."""
+        return self._features(latent) @ matrix
 
     def resample_all(self) -> None:
         """The next ``acting_noise`` draws every env's matrix anew (the start of a rollout)."""
@@ -153,14 +162,14 @@ class SdeActor(nn.Module):
     layer is the latent, and the ``StateDependentNoise`` over it. ``forward`` -> ``(mean, latent [N, latent_dim])``.
 
     ``mean_clip``: the mean is clipped to ``[-mean_clip, mean_clip]`` (SB3's SAC ``clip_mean=2.0`` with gSDE, which
-    keeps tanh out of saturation); ``None``: not clipped (PPO).
+    keeps tanh out of saturation); ``None``: not clipped (PPO). ``learn_features``: ``StateDependentNoise``'s.
     """
 
     def __init__(self, mlp: MLP, latent_dim: int, action_dim: int, log_std_init: float, full_std: bool,
-                 sample_freq: int, mean_clip: Optional[float] = None):
+                 sample_freq: int, mean_clip: Optional[float] = None, learn_features: bool = False):
         super().__init__()
         self.mlp = mlp
-        self.noise = StateDependentNoise(latent_dim, action_dim, log_std_init, full_std, sample_freq)
+        self.noise = StateDependentNoise(latent_dim, action_dim, log_std_init, full_std, sample_freq, learn_features)
         self.mean_clip = mean_clip
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

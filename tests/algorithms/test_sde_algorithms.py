@@ -242,3 +242,8 @@ def test_ppo_with_gsde_trains(tmp_path):
     assert trainer.counters.iteration == 4
     log_std = trainer.algorithm.net.policy.noise.log_std
     assert torch.isfinite(log_std).all() and not torch.equal(log_std, torch.zeros_like(log_std))
+
+
+def test_sac_trains_the_features_through_the_noise_and_ppo_does_not():
+    # SB3: StateDependentNoiseDistribution(learn_features=True) in SAC's actor, False in ActorCriticPolicy
+    assert sde_of(make(SacAlgorithm)).learn_features and not sde_of(make(PpoAlgorithm)).learn_features

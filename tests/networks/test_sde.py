@@ -37,12 +37,21 @@ def test_one_sigma_per_latent_unit_is_shared_by_the_action_dims():
     assert StateDependentNoise(2, 3, 0.0, True, -1).log_std.shape == (2, 3)
 
 
-def test_sigma_learns_through_the_log_prob_but_the_latent_does_not():
+def test_sigma_learns_through_the_log_prob_and_the_latent_only_with_learn_features():
     noise = tiny_noise()
     latent = torch.tensor([[1.0, 3.0]], requires_grad=True)
     noise.log_prob(torch.tensor([[1.5]]), torch.tensor([[0.5]]), latent).backward()
     assert noise.log_std.grad is not None and noise.log_std.grad.abs().sum() > 0
-    assert latent.grad is None  # SB3's learn_features=False
+    assert latent.grad is None  # SB3's learn_features=False (its PPO)
+    noise.learn_features = True  # SB3's SAC: the log-prob and the noise reach the features
+    noise.log_prob(torch.tensor([[1.5]]), torch.tensor([[0.5]]), latent).backward()
+    # d/d latent_j of log N(1.5; 0.5, v), v = sum_j latent_j^2 sigma_j^2 + 1e-6 = 0.25 + 36 + 1e-6:
+    # (d log p / d v) * 2 latent_j sigma_j^2, d log p / d v = ((x - m)^2 / v - 1) / (2 v)
+    v = 0.25 * 1.0 + 4.0 * 9.0 + 1e-6
+    dv = ((1.0 ** 2) / v - 1.0) / (2 * v)
+    assert torch.allclose(latent.grad, torch.tensor([[dv * 2 * 1.0 * 0.25, dv * 2 * 3.0 * 4.0]]), rtol=1e-5)
+    noise.noise(latent, torch.ones(2, 1)).sum().backward()  # and through the training noise latent @ matrix
+    assert torch.allclose(latent.grad, torch.tensor([[dv * 0.5 + 1.0, dv * 24.0 + 1.0]]), rtol=1e-5)
 
 
 def test_acting_noise_applies_each_envs_own_matrix():
