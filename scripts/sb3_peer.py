@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     parser.add_argument("--root_dir", required=True)
     parser.add_argument("--conf_param", action="append", default=[])
     parser.add_argument("--threads", type=int, default=1, help="torch threads (alfish's suite runs use 1)")
-    parser.add_argument("--checkpoint_every", type=int, default=50_000,
+    parser.add_argument("--checkpoint_every", type=int, default=25_000,
                         help="env steps between resume checkpoints in ROOT_DIR (0: none); a rerun resumes")
     args = parser.parse_args(argv)
     try:
