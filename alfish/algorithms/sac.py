@@ -47,7 +47,7 @@ from alfish.networks.distributions import tanh_gaussian_sample
 from alfish.networks.ensemble import EnsembleCritic
 from alfish.networks.heads import build_encoder
 from alfish.networks.mlp import MLP, polyak_update
-from alfish.networks.sde import SdeActor, check_sde_options, latent_size, tanh_log_det
+from alfish.networks.sde import SdeActor, StateDependentNoise, check_sde_options, latent_size, tanh_log_det
 from alfish.schedulers import Scheduler, TracedValue, as_scheduler
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0  # as SB3 and the SAC reference implementation
@@ -236,8 +236,9 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         mlp = MLP(self.obs_dim, self.action_dim, hidden_sizes, activation)
         # as SB3's SAC actor: the mean clipped to [-2, 2], and the actor loss (entropy and Q through the noise)
         # reaches the latent features (learn_features=True; its PPO's is False)
-        return SdeActor(mlp, latent_size(self.obs_dim, hidden_sizes), self.action_dim, mean_clip=2.0,
-                        learn_features=True, **options)
+        noise = StateDependentNoise(latent_size(self.obs_dim, hidden_sizes), self.action_dim, learn_features=True,
+                                    **options)
+        return SdeActor(mlp, noise, mean_clip=2.0)
 
     def param_groups(self) -> list[dict]:
         """Three groups (two with a fixed ``ent_coef``); a shared encoder is trained by the critic loss, so it is in the

@@ -10,7 +10,7 @@ import torch
 from alfish.algorithms.actor_critic import ActorCriticNetworks, PolicyOutput
 from alfish.data.types import EMPTY
 from alfish.errors import OneLineValueError
-from alfish.networks.sde import SdeActor, latent_size
+from alfish.networks.sde import SdeActor, StateDependentNoise, latent_size
 
 
 class SdeActorCriticNetworks(ActorCriticNetworks):
@@ -31,8 +31,9 @@ class SdeActorCriticNetworks(ActorCriticNetworks):
             raise OneLineValueError(f"{owner}.use_sde=True reads the policy MLP's last hidden layer over flat "
                                     "observations; unbind ActorCriticNetworks.encoding_network_ctor")
         del self.log_std  # gSDE's sigma replaces it
-        self.policy = SdeActor(self.policy, latent_size(algorithm.obs_dim, hidden_sizes), algorithm.action_dim,
-                               log_std_init, full_std, sample_freq)
+        noise = StateDependentNoise(latent_size(algorithm.obs_dim, hidden_sizes), algorithm.action_dim, log_std_init,
+                                    full_std, sample_freq)  # learn_features=False, as SB3's PPO
+        self.policy = SdeActor(self.policy, noise)
 
     def _log_prob_entropy(self, out: tuple[torch.Tensor, torch.Tensor],
                           action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -162,14 +162,14 @@ class SdeActor(nn.Module):
     layer is the latent, and the ``StateDependentNoise`` over it. ``forward`` -> ``(mean, latent [N, latent_dim])``.
 
     ``mean_clip``: the mean is clipped to ``[-mean_clip, mean_clip]`` (SB3's SAC ``clip_mean=2.0`` with gSDE, which
-    keeps tanh out of saturation); ``None``: not clipped (PPO). ``learn_features``: ``StateDependentNoise``'s.
+    keeps tanh out of saturation); ``None``: not clipped (PPO). ``noise``: over the MLP's last hidden layer (its
+    ``latent_dim`` is ``latent_size`` of the MLP's input and hidden sizes).
     """
 
-    def __init__(self, mlp: MLP, latent_dim: int, action_dim: int, log_std_init: float, full_std: bool,
-                 sample_freq: int, mean_clip: Optional[float] = None, learn_features: bool = False):
+    def __init__(self, mlp: MLP, noise: StateDependentNoise, mean_clip: Optional[float] = None):
         super().__init__()
         self.mlp = mlp
-        self.noise = StateDependentNoise(latent_dim, action_dim, log_std_init, full_std, sample_freq, learn_features)
+        self.noise = noise
         self.mean_clip = mean_clip
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
