@@ -132,7 +132,12 @@ def test_the_command_writes_one_row_per_check_and_reports_a_failing_one(tmp_path
     assert "1 FAIL, 1 SKIP" in text
 
 
-@pytest.mark.cli  # every check at its smallest size on the CPU: ~40 s (the no-recompile tests, the torchrun pair)
+# Every check at its smallest size on the CPU: 30-70 s here, so the slow tier. What each check runs is in the default
+# run on its own (tests/gpu; SAC on two gloo ranks, tests/trainer/test_distributed.py; SAC under bf16 autocast,
+# tests/learn/test_amp.py); the tool's report and its failing, crashing, hanging and missing checks are tested above
+# with small commands.
+@pytest.mark.slow
+@pytest.mark.cli
 @pytest.mark.timeout(600)
 def test_the_whole_cpu_run_passes_or_skips_every_check(tmp_path):
     proc = run_tool(tmp_path, timeout=560)
