@@ -1,6 +1,15 @@
-"""alfish against Stable-Baselines3 in the same run, at the same hyperparameters.
+"""alfish against Stable-Baselines3 (and SBX) in the same run, at the same hyperparameters.
 
     python tools/bench/bench_vs_sb3.py [--algos sac td3 ...] [--repeats 3] [--threads 0 1] [--learn]
+                                       [--peers sb3 sbx --sbx_python .sbx/bin/python]
+
+Peers: Stable-Baselines3 (``sb3``, the default) and SBX (``sbx``: Stable-Baselines in JAX, SB3's algorithms with
+JAX networks and XLA-compiled updates). SBX pulls jax, so it lives in its own virtual environment, never in alfish's
+installs; ``--sbx_python`` names that environment's python:
+    python -m venv .sbx && .sbx/bin/pip install torch==2.13.0 sbx-rl
+SBX is timed after its JIT warm-up (``run_one.py``: an untimed ``learn`` first, so compile time is left out); it has
+no A2C (its cell is empty). SBX's DQN is uniform replay, single Q and no gradient clipping: every dqn row compares
+against that one algorithm.
 
 Throughput: each framework trains ``--throughput_steps`` env steps without evaluation, in a fresh process, alternating
 alfish/SB3 ``--repeats`` times; the median env steps/s and the ratio alfish/SB3 are printed, once per thread setting
@@ -45,9 +54,15 @@ SPEC = {
 }
 
 
+#: Algorithms SBX has (``run_one.py`` builds them at the same hyperparameters as SB3's).
+SBX_ALGOS = ("sac", "td3", "ddpg", "dqn", "dqn_noper", "dqn_plain", "ppo")
+#: The python of each framework's environment (``--sbx_python`` sets SBX's).
+PYTHON = {"alfish": sys.executable, "sb3": sys.executable, "sbx": None}
+
+
 def run(framework: str, algo: str, steps: int, setting: str = "identical", eval_every: int = 0,
         threads: int = 0) -> dict:
-    cmd = [sys.executable, os.path.join(HERE, "run_one.py"), "--framework", framework, "--algo", algo,
+    cmd = [PYTHON[framework], os.path.join(HERE, "run_one.py"), "--framework", framework, "--algo", algo,
            "--steps", str(steps), "--setting", setting, "--eval_every", str(eval_every), "--threads", str(threads)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     for line in out.stdout.splitlines():
@@ -63,16 +78,90 @@ def time_to_threshold(evals: list, threshold: float) -> float | None:
     return None
 
 
-def returns_at_equal_env_steps(alfish: list, sb3: list) -> list[tuple[int, float, float]]:
-    """Pair each SB3 evaluation with alfish's evaluation at the nearest env-step count (within 5%)."""
+def returns_at_equal_env_steps(alfish: list, peer: list) -> list[tuple[int, float, float]]:
+    """Pair each of the peer's evaluations with alfish's evaluation at the nearest env-step count (within 5%)."""
     pairs = []
-    for steps, _, sb3_return in sb3:
+    for steps, _, peer_return in peer:
         if not alfish:
             break
         near = min(alfish, key=lambda e: abs(e[0] - steps))
         if abs(near[0] - steps) <= 0.05 * steps:
-            pairs.append((steps, near[2], sb3_return))
+            pairs.append((steps, near[2], peer_return))
     return pairs
+
+
+def check_sbx_python(path: str | None) -> str:
+    """The SBX environment's python, or a one-line error that says how to make one."""
+    if not path or not os.path.isfile(path):
+        raise SystemExit(f"--peers sbx needs --sbx_python, the python of a virtual environment with SBX "
+                         f"({'not given' if not path else f'{path} does not exist'}): python -m venv .sbx && "
+                         ".sbx/bin/pip install torch==2.13.0 sbx-rl, then --sbx_python .sbx/bin/python")
+    return path
+
+
+def measure_throughput(algo: str, peers: list[str], threads: int, repeats: int) -> dict[str, float]:
+    """Median env steps/s per framework over ``repeats`` runs, alternating the frameworks; prints them."""
+    frameworks = ["alfish"] + [p for p in peers if p != "sbx" or algo in SBX_ALGOS]
+    rates = {fw: [] for fw in frameworks}
+    steps = SPEC[algo]["throughput_steps"]
+    for _ in range(repeats):
+        for fw in frameworks:
+            r = run(fw, algo, steps, threads=threads)
+            rates[fw].append(r["steps"] / r["learn_s"])
+    med = {fw: statistics.median(v) for fw, v in rates.items()}
+    setting = setting_name(threads)
+    figures = "  ".join(f"{fw} {med[fw]:.0f}" for fw in frameworks)
+    ratios = "  ".join(f"alfish/{fw} {med['alfish'] / med[fw]:.2f}" for fw in frameworks[1:])
+    every = ", ".join(f"{fw} {[round(x) for x in v]}" for fw, v in rates.items())
+    print(f"[{algo}, {setting}] env steps/s over {steps} steps, median of {repeats}: {figures}  {ratios}  "
+          f"(all: {every})" + ("  (SBX after its JIT warm-up)" if "sbx" in frameworks else ""), flush=True)
+    return med
+
+
+def setting_name(threads: int) -> str:
+    return "default threads" if threads == 0 else f"{threads} thread{'s' if threads > 1 else ''} each"
+
+
+def compare_learning(algo: str, peers: list[str], threads: int, summary: dict) -> None:
+    """One full run each (alfish's conf, each peer's tuned setting): time to the threshold, final return, the returns
+    at equal env steps; printed and put in ``summary``."""
+    spec = SPEC[algo]
+    frameworks = ["alfish"] + [p for p in peers if p != "sbx" or algo in SBX_ALGOS]
+    res = {fw: run(fw, algo, spec["learn_steps"], "tuned", spec["eval_every"], threads) for fw in frameworks}
+    for fw, r in res.items():
+        ttt = time_to_threshold(r["evals"], spec["threshold"])
+        final = r["evals"][-1][2] if r["evals"] else float("nan")
+        print(f"[{algo}] {fw}: {r['steps']} env steps in {r['learn_s']:.0f}s; first eval >= "
+              f"{spec['threshold']:g} at {'never' if ttt is None else f'{ttt:.0f}s'}; final eval return "
+              f"{final:.1f}; evals {[(s, round(t), round(v, 1)) for s, t, v in r['evals']]}", flush=True)
+        summary[f"{fw}_time_to_threshold_s"] = ttt
+        summary[f"{fw}_final_return"] = final
+    for peer in frameworks[1:]:
+        same_steps = returns_at_equal_env_steps(res["alfish"]["evals"], res[peer]["evals"])
+        print(f"[{algo}] eval return at equal env steps (env steps: alfish, {peer}): "
+              f"{[(s, round(a, 1), round(b, 1)) for s, a, b in same_steps]}", flush=True)
+        if same_steps:
+            tail = same_steps[-max(1, len(same_steps) // 4):]  # the last quarter of the run
+            mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+            print(f"[{algo}] mean eval return over the last quarter: alfish {mean([x[1] for x in tail]):.1f}, "
+                  f"{peer} {mean([x[2] for x in tail]):.1f}", flush=True)
+        summary["returns_at_equal_env_steps" + ("" if peer == "sb3" else f"_{peer}")] = same_steps
+        a, b = summary["alfish_time_to_threshold_s"], summary[f"{peer}_time_to_threshold_s"]
+        if a is not None and b is not None:
+            print(f"[{algo}] wall-clock to threshold, alfish/{peer}: {a / b:.2f}", flush=True)
+
+
+def table(rows: list[tuple[str, str, dict[str, float]]], peers: list[str]) -> str:
+    """The markdown table of every (algorithm, threads, medians): env steps/s per framework and alfish's ratios."""
+    names = {"sb3": "SB3", "sbx": "SBX"}
+    head = ["algorithm", "threads", "alfish env steps/s"] + [f"{names[p]} env steps/s" for p in peers] + \
+        [f"alfish / {names[p]}" for p in peers]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
+    for algo, setting, med in rows:
+        cells = [algo, setting, f"{med['alfish']:.0f}"] + [f"{med[p]:.0f}" if p in med else "" for p in peers] + \
+            [f"{med['alfish'] / med[p]:.2f}" if p in med else "" for p in peers]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -83,56 +172,32 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="throughput runs per framework (0: skip)")
     parser.add_argument("--learn", action="store_true", help="also run the full learning comparison")
     parser.add_argument("--threads", type=int, nargs="+", default=[0],
-                        help="thread settings to measure: 0 = each framework's default, N = both at N threads; "
-                             "--learn uses the first")
+                        help="thread settings to measure: 0 = each framework's default, N = both at N torch threads "
+                             "(SBX: 0 or 1); --learn uses the first")
+    parser.add_argument("--peers", nargs="+", default=["sb3"], choices=["sb3", "sbx"],
+                        help="the frameworks alfish is timed against (default: sb3)")
+    parser.add_argument("--sbx_python", default=os.environ.get("ALFISH_SBX_PYTHON"),
+                        help="the python of SBX's own virtual environment (default: $ALFISH_SBX_PYTHON)")
     args = parser.parse_args()
+    if "sbx" in args.peers:
+        PYTHON["sbx"] = check_sbx_python(args.sbx_python)
+        if any(t not in (0, 1) for t in args.threads):
+            parser.error(f"--threads {' '.join(map(str, args.threads))}: SBX (XLA on the CPU) runs at its default "
+                         "threads (0) or at 1")
     summary, rows = {}, []
     for algo in args.algos:
-        spec = SPEC[algo]
         summary[algo] = {}
         for threads in args.threads if args.repeats > 0 else []:
-            rates = {"alfish": [], "sb3": []}
-            for _ in range(args.repeats):
-                for fw in ("alfish", "sb3"):
-                    r = run(fw, algo, spec["throughput_steps"], threads=threads)
-                    rates[fw].append(r["steps"] / r["learn_s"])
-            med = {fw: statistics.median(v) for fw, v in rates.items()}
-            setting = "default threads" if threads == 0 else f"{threads} thread{'s' if threads > 1 else ''} each"
-            print(f"[{algo}, {setting}] env steps/s over {spec['throughput_steps']} steps, median of "
-                  f"{args.repeats}: alfish {med['alfish']:.0f}  sb3 {med['sb3']:.0f}  ratio alfish/sb3 "
-                  f"{med['alfish'] / med['sb3']:.2f}  (all: alfish {[round(x) for x in rates['alfish']]}, "
-                  f"sb3 {[round(x) for x in rates['sb3']]})", flush=True)
-            summary[algo][setting] = dict(steps_per_s=med, ratio=med["alfish"] / med["sb3"])
-            rows.append(f"| {algo} | {setting} | {med['alfish']:.0f} | {med['sb3']:.0f} | "
-                        f"{med['alfish'] / med['sb3']:.2f} |")
+            med = measure_throughput(algo, args.peers, threads, args.repeats)
+            setting = setting_name(threads)
+            summary[algo][setting] = dict(steps_per_s=med, **{
+                ("ratio" if peer == "sb3" else f"ratio_{peer}"): med["alfish"] / med[peer]
+                for peer in args.peers if peer in med})
+            rows.append((algo, setting, med))
         if args.learn:
-            setting = "tuned"
-            res = {fw: run(fw, algo, spec["learn_steps"], setting, spec["eval_every"], args.threads[0])
-                   for fw in ("alfish", "sb3")}
-            for fw, r in res.items():
-                ttt = time_to_threshold(r["evals"], spec["threshold"])
-                final = r["evals"][-1][2] if r["evals"] else float("nan")
-                print(f"[{algo}] {fw}: {r['steps']} env steps in {r['learn_s']:.0f}s; first eval >= "
-                      f"{spec['threshold']:g} at {'never' if ttt is None else f'{ttt:.0f}s'}; final eval return "
-                      f"{final:.1f}; evals {[(s, round(t), round(v, 1)) for s, t, v in r['evals']]}", flush=True)
-                summary[algo][f"{fw}_time_to_threshold_s"] = ttt
-                summary[algo][f"{fw}_final_return"] = final
-            same_steps = returns_at_equal_env_steps(res["alfish"]["evals"], res["sb3"]["evals"])
-            print(f"[{algo}] eval return at equal env steps (env steps: alfish, sb3): "
-                  f"{[(s, round(a, 1), round(b, 1)) for s, a, b in same_steps]}", flush=True)
-            if same_steps:
-                tail = same_steps[-max(1, len(same_steps) // 4):]  # the last quarter of the run
-                mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-                print(f"[{algo}] mean eval return over the last quarter: alfish {mean([x[1] for x in tail]):.1f}, "
-                      f"sb3 {mean([x[2] for x in tail]):.1f}", flush=True)
-            summary[algo]["returns_at_equal_env_steps"] = same_steps
-            a, b = summary[algo]["alfish_time_to_threshold_s"], summary[algo]["sb3_time_to_threshold_s"]
-            if a is not None and b is not None:
-                print(f"[{algo}] wall-clock to threshold, alfish/sb3: {a / b:.2f}", flush=True)
+            compare_learning(algo, args.peers, args.threads[0], summary[algo])
     if rows:
-        print("\n| algorithm | threads | alfish env steps/s | SB3 env steps/s | alfish / SB3 |\n"
-              "|---|---|---:|---:|---:|")
-        print("\n".join(rows), flush=True)
+        print("\n" + table(rows, args.peers), flush=True)
     if "sac" in args.algos:
         cmd = [sys.executable, os.path.join(HERE, "sac_update_floor.py")]
         if args.threads[0]:

@@ -1,12 +1,19 @@
-"""Run one training job of alfish or Stable-Baselines3 and print a JSON line with its timings.
+"""Run one training job of alfish, Stable-Baselines3 or SBX and print a JSON line with its timings.
 
 Used by bench_vs_sb3.py, which starts each job in a fresh process so the frameworks never share a process, threads
 or warm caches. Only the learning call is timed (imports and model construction are not).
 
-    python tools/bench/run_one.py --framework alfish|sb3 --algo sac|ppo|... --setting identical|tuned \
+    python tools/bench/run_one.py --framework alfish|sb3|sbx --algo sac|ppo|... --setting identical|tuned \
         --steps N [--eval_every E] [--seed S] [--threads T]
 
 ``make_alfish`` / ``make_sb3`` build a job without running it (``profile_step.py`` instruments them first).
+
+SBX (Stable-Baselines in JAX, ``pip install sbx-rl``) runs in its own virtual environment (it pulls jax; it never
+enters alfish's installs): run this file with that environment's python. Its models are SB3's classes with JAX
+networks and the same arguments, so ``make_sb3`` builds both, at the same hyperparameters. SBX compiles (XLA) its
+training and acting functions at their first call: the timed ``learn`` comes after a warm-up ``learn`` of
+``sbx_warm_up_steps`` on the same model (past ``learning_starts`` and through two training phases), started again
+from step 0 (``reset_num_timesteps``), so SBX's figure is after its JIT warm-up, without the compile time.
 """
 from __future__ import annotations
 
@@ -69,15 +76,22 @@ def run_alfish(args: argparse.Namespace) -> dict:
     return dict(steps=trainer.counters.env_steps, learn_s=learn_s, evals=evals)
 
 
-def make_sb3(args: argparse.Namespace):
-    """The Stable-Baselines3 model of ``args`` (built, not trained) and its evaluation callback."""
-    import torch
-    from stable_baselines3 import PPO, SAC
+def make_sb3(args: argparse.Namespace, library: str = "sb3"):
+    """The Stable-Baselines3 (``library='sb3'``) or SBX (``'sbx'``) model of ``args`` (built, not trained) and its
+    evaluation callback. SBX's DQN has no gradient clipping (``max_grad_norm``) to set; it has no A2C."""
+    import importlib
+
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.evaluation import evaluate_policy
 
-    if args.threads:
+    if library == "sbx" and args.algo == "a2c":
+        raise SystemExit("SBX has no A2C (it has SAC, TD3, DDPG, DQN, PPO, CrossQ, TQC)")
+    lib = importlib.import_module("stable_baselines3" if library == "sb3" else "sbx")
+    PPO, SAC = lib.PPO, lib.SAC
+    if args.threads and library == "sb3":
+        import torch
+
         torch.set_num_threads(args.threads)
 
     class TimedEval(BaseCallback):
@@ -99,30 +113,27 @@ def make_sb3(args: argparse.Namespace):
 
     if args.algo in ("td3", "ddpg"):
         import numpy as np
-        from stable_baselines3 import DDPG, TD3
         from stable_baselines3.common.noise import NormalActionNoise
 
         noise = NormalActionNoise(mean=np.zeros(1), sigma=0.1 * np.ones(1))  # in SB3's [-1, 1] action units
-        cls = TD3 if args.algo == "td3" else DDPG
+        cls = lib.TD3 if args.algo == "td3" else lib.DDPG
         model = cls("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, buffer_size=200_000,
                     learning_starts=1000, tau=0.005, gamma=0.98, train_freq=1, gradient_steps=1, action_noise=noise,
                     policy_kwargs=dict(net_arch=[256, 256]), seed=args.seed, verbose=0, device="cpu")
     elif args.algo in ("dqn", "dqn_noper", "dqn_plain"):
-        from stable_baselines3 import DQN
-
-        model = DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
-                    learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256, gradient_steps=128,
-                    exploration_fraction=0.16, exploration_final_eps=0.04, max_grad_norm=10,
-                    policy_kwargs=dict(net_arch=[256, 256]), seed=args.seed, verbose=0, device="cpu")
+        clip = dict(max_grad_norm=10) if library == "sb3" else {}  # (SBX's DQN does not clip)
+        model = lib.DQN("MlpPolicy", "CartPole-v1", learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                        learning_starts=1000, gamma=0.99, target_update_interval=10, train_freq=256,
+                        gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
+                        policy_kwargs=dict(net_arch=[256, 256]), seed=args.seed, verbose=0, device="cpu", **clip)
     elif args.algo == "sac":
         model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, buffer_size=100_000,
                     learning_starts=100, tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1,
                     policy_kwargs=dict(net_arch=[256, 256]), seed=args.seed, verbose=0, device="cpu")
     elif args.algo == "a2c":  # confs/a2c_cartpole.gin: Adam (SB3's default is RMSprop), GAE lambda 1, no advantage
-        from stable_baselines3 import A2C  # normalization, grad-norm clip 0.5, 64x64 tanh (SB3's default net)
-
+        # normalization, grad-norm clip 0.5, 64x64 tanh (SB3's default net)
         env = make_vec_env("CartPole-v1", n_envs=8, seed=args.seed)
-        model = A2C("MlpPolicy", env, n_steps=8, learning_rate=1e-3, gamma=0.99, gae_lambda=1.0, ent_coef=0.0,
+        model = lib.A2C("MlpPolicy", env, n_steps=8, learning_rate=1e-3, gamma=0.99, gae_lambda=1.0, ent_coef=0.0,
                     vf_coef=0.5, max_grad_norm=0.5, use_rms_prop=False, normalize_advantage=False, seed=args.seed,
                     verbose=0, device="cpu")
     else:
@@ -145,9 +156,28 @@ def run_sb3(args: argparse.Namespace) -> dict:
     return dict(steps=int(model.num_timesteps), learn_s=time.perf_counter() - start, evals=callback.records)
 
 
+#: Env steps of SBX's untimed warm-up ``learn``: past ``learning_starts`` and through two training phases, so that
+#: every function it jit-compiles (acting, the update) is compiled before the timed run.
+SBX_WARM_UP_STEPS = {"sac": 100 + 2, "td3": 1000 + 2, "ddpg": 1000 + 2, "dqn": 1000 + 2 * 256,
+                     "dqn_noper": 1000 + 2 * 256, "dqn_plain": 1000 + 2 * 256, "ppo": 2 * 8 * 32}
+
+
+def run_sbx(args: argparse.Namespace) -> dict:
+    if args.threads not in (0, 1):
+        raise SystemExit(f"--threads {args.threads}: SBX (XLA on the CPU) is run at its default threads (0) or at 1")
+    if args.threads == 1:  # XLA's CPU thread pools, set before jax is imported
+        os.environ["XLA_FLAGS"] = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    model, callback = make_sb3(args, library="sbx")
+    model.learn(total_timesteps=SBX_WARM_UP_STEPS[args.algo])  # the JIT warm-up, not timed
+    start = time.perf_counter()
+    model.learn(total_timesteps=args.steps, callback=callback, reset_num_timesteps=True)
+    return dict(steps=int(model.num_timesteps), learn_s=time.perf_counter() - start, evals=callback.records,
+                jit_warm_up_steps=SBX_WARM_UP_STEPS[args.algo])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--framework", choices=["alfish", "sb3"], required=True)
+    parser.add_argument("--framework", choices=["alfish", "sb3", "sbx"], required=True)
     parser.add_argument("--algo", choices=sorted(CONFS), required=True)
     parser.add_argument("--setting", choices=["identical", "tuned"], default="identical")
     parser.add_argument("--steps", type=int, required=True)
@@ -155,7 +185,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args()
-    result = (run_alfish if args.framework == "alfish" else run_sb3)(args)
+    result = dict(alfish=run_alfish, sb3=run_sb3, sbx=run_sbx)[args.framework](args)
     print("RESULT " + json.dumps(result), flush=True)
 
 
