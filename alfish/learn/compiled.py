@@ -84,14 +84,7 @@ class CompiledLoss:
         self.compiled_updates = 0
         self._random_state: Optional[tuple] = None  # before the forward of a warm-up update
         self._graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        try:
-            self.compiled: Optional[nn.Module] = torch.compile(LossWithTerms(loss_module),
-                                                               mode=None if mode == "default" else mode,
-                                                               backend=backend)
-        except RuntimeError as err:  # an unknown mode or backend: a conf error, not a compiler failure
-            setting = f"Learner.compile_mode='{mode}'"
-            setting += "" if backend == "inductor" else f", compile_backend={backend!r}"
-            raise OneLineValueError(f"{setting}: {str(err).splitlines()[0]} (or None: eager)") from None
+        self.compiled: Optional[nn.Module] = compile_checked(LossWithTerms(loss_module), mode, backend)
 
     def warms_up(self, batch: Experience | HybridBatch) -> bool:
         """Whether the update on ``batch`` is one of the first ``WARM_UP_UPDATES`` compiled ones."""
@@ -139,8 +132,22 @@ class CompiledLoss:
                     recompile_limit_hit=any("recompile limit" in key.lower() for key in counters["unimplemented"]))
 
 
+def compile_checked(fn: Callable, mode: str, backend: str | Callable) -> Callable:
+    """``torch.compile(fn)`` at ``Learner.compile_mode`` (``'default'``: torch's) and backend; an unknown mode or
+    backend is a conf error (``OneLineValueError``), not a compiler failure."""
+    try:
+        return torch.compile(fn, mode=None if mode == "default" else mode, backend=backend)
+    except RuntimeError as err:
+        setting = f"Learner.compile_mode='{mode}'"
+        setting += "" if backend == "inductor" else f", compile_backend={backend!r}"
+        raise OneLineValueError(f"{setting}: {str(err).splitlines()[0]} (or None: eager)") from None
+
+
 def one_line(err: BaseException) -> str:
-    """``Type: first line of the message``."""
+    """``Type: first line of the message``, of the backend's own error when the compiler wrapped it."""
+    inner = getattr(err, "inner_exception", None)  # (torch._dynamo.exc.BackendCompilerFailed)
+    if isinstance(inner, BaseException):
+        err = inner
     text = str(err)
     return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
 

@@ -19,6 +19,7 @@ Two entry points, one shared step:
 """
 from __future__ import annotations
 
+import logging
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Callable, Optional
 
@@ -35,6 +36,7 @@ from alfish.learn.diagnostics import Diagnostics, squared_norm
 from alfish.learn.distributed import DistContext, HybridBatch, allreduce_gradients, wrap_for_ddp
 from alfish.learn.finite_guard import NonFiniteGuard
 from alfish.learn.optim import OptimizerConfig
+from alfish.learn.whole_update import WholeUpdate, unsupported_reason
 from alfish.schedulers import split_lr_schedules, traced_values, update_optimizer_lrs
 
 __all__ = ["CompiledLoss", "Learner", "NonFiniteLossError", "loss_terms"]
@@ -67,6 +69,13 @@ class Learner:
         compile_backend: the ``torch.compile`` backend, with ``compile_mode='default'`` only (the modes are
             inductor's): ``None`` (inductor), or e.g. ``'aot_eager'`` (no code generation: checks the graphs
             cheaply) or a callable backend.
+        compile_scope: what ``compile_mode`` compiles: ``'update'``, the whole update as one function (loss,
+            gradients, clipping, the Adam step: ``alfish.learn.whole_update``), or ``'loss'``, the loss module only
+            (described above). ``None`` (default): ``'update'`` when training on the CPU, ``'loss'`` on a GPU (where
+            the compiled loss with CUDA graphs is the path proven by ``gpu_check``; the whole update there has not
+            run on a GPU yet). Where the whole update cannot be compiled (DDP, AMP, an optimizer other than
+            Adam/AdamW) ``'update'`` compiles the loss only, after one warning saying why. If compiling the whole
+            update fails, training goes on eagerly after one warning.
 
     Attributes:
         optimizer: what ``optimizer_config.build`` made (``OptimizerConfig.name``) from the algorithm's groups
@@ -83,7 +92,8 @@ class Learner:
     def __init__(self, algorithm: Algorithm, optimizer_config: OptimizerConfig | None = None,
                  amp: AmpPolicy | None = None, dist: DistContext | None = None,
                  device: Optional[torch.device] = None, finite_check_interval: Optional[int] = None,
-                 compile_mode: Optional[str] = None, compile_backend: Optional[str | Callable] = None):
+                 compile_mode: Optional[str] = None, compile_backend: Optional[str | Callable] = None,
+                 compile_scope: Optional[str] = None):
         if device is None:
             device = next(iter(algorithm.parameters())).device
         self.device = torch.device(device)
@@ -97,10 +107,12 @@ class Learner:
         self.params: list[nn.Parameter] = [p for g in self.optimizer.param_groups for p in g["params"]]
         self.loss_module = wrap_for_ddp(algorithm, self.dist, self.device)  # forward = the loss of a batch
         self.compile_mode = compile_mode
-        self._compiled = self._compile(compile_mode, compile_backend)
+        self._whole: Optional[WholeUpdate] = None
+        self._compiled = self._compile(compile_mode, compile_backend, compile_scope)
         self._compute_loss = self.loss_module if self._compiled is None else self._compiled
         # What the compiled loss reads of the schedules: 0-d tensors, refreshed before each update (else none).
-        self._traced_values = list(traced_values(algorithm)) if self._compiled is not None else []
+        compiled = self._compiled is not None or self._whole is not None
+        self._traced_values = list(traced_values(algorithm)) if compiled else []
         for value in self._traced_values:
             value.track(self.device)
         self.num_updates = 0
@@ -146,6 +158,10 @@ class Learner:
         # A diagnosed update runs eagerly: compiled code would recompile for the hooks and the second backward.
         if self._diagnosed():
             return self._forward_step(self.loss_module, batch, batch_info)
+        if self._whole is not None and not isinstance(batch, HybridBatch):
+            loss_info = self._whole_update(batch, batch_info)
+            if loss_info is not None:
+                return loss_info
         if self._compiled is not None and self._compiled.warms_up(batch):
             return self._warm_up_update(batch, batch_info)
         return self._forward_step(self._compute_loss, batch, batch_info)
@@ -173,12 +189,45 @@ class Learner:
         self._compiled.fall_back("the compiled backward", reason)
         return self._forward_step(self.loss_module, batch, batch_info)
 
-    def _compile(self, mode: Optional[str], backend: Optional[str | Callable]) -> Optional[CompiledLoss]:
-        """The compiled loss module for ``Learner.compile_mode`` (``None``: eager), after checking the settings."""
+    def _whole_update(self, batch: Experience, batch_info: BatchInfo | None) -> LossInfo | None:
+        """The update as one compiled function (``WholeUpdate``), then what ``_step`` does after the optimizer step;
+        None when the whole update has fallen back (the caller updates without it)."""
+        weights = batch_info.importance_weights if batch_info is not None else None
+        if weights is not None and weights.device != self.device:
+            weights = weights.to(self.device, non_blocking=True)
+        out = self._whole(batch, weights)
+        if out is None:
+            return None
+        loss_info, loss, grad_norm = out
+        if weights is not None:
+            self._check_weights(loss_info.loss, weights)
+        # The update skipped itself on a non-finite loss (nothing changed); the guard reports it as after _step.
+        if self._read_loss_every_update:
+            self.finite_guard.check_value(float(loss), loss_info, weights, self.num_updates)
+        else:
+            self.finite_guard.observe(loss, loss_info, weights, self.num_updates)
+            if (self.num_updates + 1) % self.finite_guard.check_interval == 0:
+                self.check_finite()
+        self.algorithm.after_update()
+        self.num_updates += 1
+        self._last_loss = loss_info._replace(loss=loss)
+        self._last_grad_norm = grad_norm
+        return loss_info
+
+    def _compile(self, mode: Optional[str], backend: Optional[str | Callable],
+                 scope: str) -> Optional[CompiledLoss]:
+        """The compiled loss module for ``Learner.compile_mode`` (``None``: eager), or None with ``self._whole`` set
+        (``compile_scope='update'`` where it applies), after checking the settings."""
+        if scope not in (None, "update", "loss"):
+            raise OneLineValueError(f"Learner.compile_scope={scope!r}: use 'update' (the whole update compiled), "
+                                    "'loss' (the loss module only) or None (by device)")
         if mode is None:
             if backend is not None:
                 raise OneLineValueError(f"Learner.compile_backend={backend!r} is set but compile_mode is None (eager "
                                         "updates): set compile_mode='default' too, or leave compile_backend unset")
+            if scope is not None:
+                raise OneLineValueError(f"Learner.compile_scope={scope!r} is set but compile_mode is None (eager "
+                                        "updates): set compile_mode='default' too, or leave compile_scope unset")
             return None
         if self.algorithm.on_policy:
             raise OneLineValueError(f"Learner.compile_mode={mode!r} compiles train_step + calc_loss on a sampled "
@@ -190,6 +239,16 @@ class Learner:
         if backend not in (None, "inductor") and mode != "default":
             raise OneLineValueError(f"Learner.compile_mode={mode!r} is a mode of the inductor backend, which "
                                     f"compile_backend={backend!r} would ignore: use compile_mode='default' with it")
+        if scope is None:
+            scope = "update" if self.device.type == "cpu" else "loss"
+        if scope == "update":
+            reason = unsupported_reason(self.optimizer, self.dist.enabled, self.amp.enabled)
+            if reason is None:
+                self._whole = WholeUpdate(self.loss_module, self.optimizer, self.optimizer_config, mode,
+                                          backend or "inductor")
+                return None
+            logging.warning("Learner.compile_scope='update' cannot compile the whole update here (%s): compiling "
+                            "the loss module only (compile_scope='loss')", reason)
         return CompiledLoss(self.loss_module, mode, backend or "inductor", self.device)
 
     def apply(self, loss_info: LossInfo, batch_info: BatchInfo | None = None) -> LossInfo:
@@ -303,6 +362,13 @@ class Learner:
         """
         if weights is None:
             return per_sample.mean()
+        self._check_weights(per_sample, weights)
+        if weights.device != per_sample.device:  # the replay's stager normally delivered them on the device
+            weights = weights.to(per_sample.device, non_blocking=True)
+        return (per_sample * weights).mean()
+
+    def _check_weights(self, per_sample: torch.Tensor, weights: torch.Tensor) -> None:
+        """A one-line error unless ``weights`` ``[B]`` fit the per-sample loss ``[..., B]``."""
         name = type(self.algorithm).__name__
         if per_sample.dim() == 0:
             raise ValueError(f"{name}.calc_loss returned a scalar loss, but the batch has importance weights [B]; "
@@ -310,16 +376,14 @@ class Learner:
         if weights.dim() != 1 or per_sample.shape[-1] != weights.shape[0]:
             raise ValueError(f"importance weights of shape {tuple(weights.shape)} do not fit {name}'s per-sample "
                              f"loss of shape {tuple(per_sample.shape)}: its last dimension must be the batch B")
-        if weights.device != per_sample.device:  # the replay's stager normally delivered them on the device
-            weights = weights.to(per_sample.device, non_blocking=True)
-        return (per_sample * weights).mean()
 
 
     # ---------------------------------------------------------------------------------------------- summaries ----
     def compile_stats(self) -> dict[str, Any] | None:
         """How the compiled updates went (``CompiledLoss.stats``: still compiled, graphs, recompile limit hit);
         ``None`` for eager updates."""
-        return None if self._compiled is None else self._compiled.stats()
+        compiled = self._whole if self._whole is not None else self._compiled
+        return None if compiled is None else compiled.stats()
 
     @property
     def last_loss(self) -> LossInfo | None:

@@ -1,4 +1,5 @@
-"""A compiled update whose backward fails during the warm-up falls back to eager updates.
+"""A compiled update whose backward fails during the warm-up falls back to eager updates (``compile_scope='loss'``),
+and so does a whole update that fails to compile (``compile_scope='update'``, the default).
 
 AOTAutograd compiles the backward lazily, at the first backward of each graph, and CUDA graphs record there too: an
 inductor failure or an out-of-memory during a capture comes out of ``backward``, not out of the compiled forward.
@@ -69,7 +70,7 @@ def sac_learners(backend: FailingBackward, check_interval: int | None = None) ->
     sac = SacAlgorithm(gym.spaces.Box(-1.0, 1.0, (3,)), gym.spaces.Box(-2.0, 2.0, (1,)), hidden_sizes=(8,))
     eager = Learner(copy.deepcopy(sac), OptimizerConfig(), finite_check_interval=check_interval)
     return Learner(sac, OptimizerConfig(), finite_check_interval=check_interval, compile_mode="default",
-                   compile_backend=backend), eager
+                   compile_backend=backend, compile_scope="loss"), eager
 
 
 def fallback_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -111,3 +112,35 @@ def test_a_failing_compiled_backward_after_the_warm_up_is_an_error(caplog, reset
             compiled.update(data[2])
     assert fallback_warnings(caplog) == [] and resets == []
     assert compiled.compile_stats()["compiled"] and compiled.num_updates == 2
+
+
+class FailingCompiler:
+    """A backend that raises at compile time, as an inductor failure on an op it cannot lower."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        self.calls += 1
+        raise RuntimeError("simulated: no lowering for an op of the whole update")
+
+
+def test_a_whole_update_that_fails_to_compile_is_done_eagerly_after_one_warning(caplog, resets):
+    torch.manual_seed(0)
+    sac = SacAlgorithm(gym.spaces.Box(-1.0, 1.0, (3,)), gym.spaces.Box(-2.0, 2.0, (1,)), hidden_sizes=(8,))
+    eager = Learner(copy.deepcopy(sac), OptimizerConfig())
+    backend = FailingCompiler()
+    whole = Learner(sac, OptimizerConfig(), compile_mode="default", compile_backend=backend)
+    data = batches("sac", torch.device("cpu"))
+    with caplog.at_level(logging.WARNING):
+        for k in range(3):
+            for learner in (whole, eager):
+                torch.manual_seed(k)
+                learner.update(data[k])
+            # the failed first update is the eager one (same random numbers), not lost and not doubled
+            assert torch.equal(flat(whole.params), flat(eager.params)), f"update {k}"
+    assert backend.calls == 1 and len(resets) == 1
+    assert [r.getMessage() for r in caplog.records if "failed" in r.getMessage()] == [
+        "Learner.compile_mode='default', compile_scope='update': compiling the whole update failed (RuntimeError: "
+        "simulated: no lowering for an op of the whole update); training without it"]
+    assert whole.compile_stats()["compiled"] is False and whole.num_updates == eager.num_updates == 3

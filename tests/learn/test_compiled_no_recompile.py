@@ -19,8 +19,16 @@ def fresh_dynamo():
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
-def test_compiled_updates_do_not_recompile_after_the_warm_up(name):
+def test_whole_compiled_updates_do_not_recompile_after_the_warm_up(name):
+    # compile_scope None on the CPU: the whole update (loss, gradients, clipping, Adam) in one graph
     check_no_recompile(name, torch.device("cpu"), "default", CountingBackend())
+
+
+# The loss-only scope (a GPU's default, and the CPU's under DDP or AMP) on the algorithms whose updates differ most
+# in shape: several optimizer groups (SAC), a policy delay that makes two graphs (TD3), a scheduled epsilon (DQN).
+@pytest.mark.parametrize("name", ["dqn", "sac", "td3"])
+def test_compiled_losses_do_not_recompile_after_the_warm_up(name):
+    check_no_recompile(name, torch.device("cpu"), "default", CountingBackend(), scope="loss")
 
 
 @pytest.mark.parametrize("name", sorted(ON_POLICY))

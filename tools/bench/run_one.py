@@ -4,7 +4,7 @@ Used by bench_vs_sb3.py, which starts each job in a fresh process so the framewo
 or warm caches. Only the learning call is timed (imports and model construction are not).
 
     python tools/bench/run_one.py --framework alfish|sb3|sbx --algo sac|ppo|... --setting identical|tuned \
-        --steps N [--eval_every E] [--seed S] [--threads T]
+        --steps N [--eval_every E] [--seed S] [--threads T] [--param BINDING ...]
 
 ``make_alfish`` / ``make_sb3`` build a job without running it (``profile_step.py`` instruments them first).
 
@@ -56,7 +56,7 @@ def make_alfish(args: argparse.Namespace):
         params += ["TrainerConfig.evaluate=False"]
     if args.threads:
         params.append(f"Trainer.num_threads={args.threads}")
-    params += EXTRA_PARAMS.get(args.algo, [])
+    params += EXTRA_PARAMS.get(args.algo, []) + list(args.param)
     load_conf(os.path.join(REPO, CONFS[args.algo]), params)
     return build_trainer(TrainerConfig(root_dir=root)), root
 
@@ -184,7 +184,11 @@ def main() -> None:
     parser.add_argument("--eval_every", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument("--param", action="append", default=[],
+                        help="alfish only: an extra gin binding, e.g. \"Learner.compile_mode='default'\" (repeatable)")
     args = parser.parse_args()
+    if args.param and args.framework != "alfish":
+        parser.error("--param binds alfish's gin settings; it has no meaning for the peers")
     result = dict(alfish=run_alfish, sb3=run_sb3, sbx=run_sbx)[args.framework](args)
     print("RESULT " + json.dumps(result), flush=True)
 
