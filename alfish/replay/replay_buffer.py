@@ -101,8 +101,10 @@ class ReplayBuffer:
         self._storage.truncate_episodes()
 
     # --------------------------------------------------------------------------------------------------- sampling --
-    def sample(self, batch_size: int, length: int, on_device: bool = False) -> tuple[Experience, BatchInfo]:
-        """``batch_size`` sequences of ``length`` contiguous steps of one env each, raw and batch-major ``[B, L]``.
+    def sample(self, batch_size: int, length: int, on_device: bool = False,
+               num_batches: int = 1) -> tuple[Experience, BatchInfo]:
+        """``batch_size`` sequences of ``length`` contiguous steps of one env each, raw and batch-major ``[B, L]``
+        (``num_batches`` mini-batches drawn at once: ``[num_batches * B, L]``, see ``Sampler.sample``).
 
         ``BatchInfo``: ``env_ids`` and ``positions`` (absolute index of each sequence's first step) int64 ``[B]``,
         ``importance_weights`` float32 ``[B]`` (prioritized) or ``None`` (uniform).
@@ -113,7 +115,7 @@ class ReplayBuffer:
         With a host storage and a CUDA training device the host batch's leaves are pinned staging buffers,
         overwritten by the second next ``sample``. No host sync once enough steps are stored.
         """
-        info = self._sampler.sample(self._storage, batch_size, length)
+        info = self._sampler.sample(self._storage, batch_size, length, num_batches)
         steps = self._steps
         if steps.numel() != length or steps.device != info.positions.device:
             steps = self._steps = torch.arange(length, device=info.positions.device)

@@ -28,13 +28,16 @@ class Sampler:
         """``storage.clear`` has just moved the oldest readable index of each env from ``oldest_before`` ``[num_envs]``
         to ``storage.oldest_index()``."""
 
-    def sample(self, storage: RingBuffer, batch_size: int, length: int) -> BatchInfo:
+    def sample(self, storage: RingBuffer, batch_size: int, length: int, num_batches: int = 1) -> BatchInfo:
         """Where ``batch_size`` sequences of ``length`` steps start: ``BatchInfo`` with ``env_ids`` and ``positions``
         int64 ``[batch_size]`` (every sequence fully readable and not running past the newest step; on the CPU, or
         on the sampler's device for a sampler that keeps its state there) and ``importance_weights`` float32
         ``[batch_size]`` or ``None``. In the steady state (enough steps stored) it must not read a device tensor
         back to the host (no ``.item()``, ``bool()``, ``.cpu()``...): ``RingBuffer.holds_sequence`` answers
-        "enough?"."""
+        "enough?".
+
+        ``num_batches``: that many mini-batches drawn at once, as ``num_batches`` calls would draw them from the
+        same state (``[num_batches * batch_size]``, batch ``k`` the ``k``-th block of ``batch_size``)."""
         raise NotImplementedError
 
     def update_priorities(self, storage: RingBuffer, batch_info: BatchInfo, priorities: torch.Tensor) -> None:
@@ -74,8 +77,9 @@ class UniformSampler(Sampler):
     def __init__(self, generator: torch.Generator | None = None):
         self.generator = generator
 
-    def sample(self, storage: RingBuffer, batch_size: int, length: int) -> BatchInfo:
+    def sample(self, storage: RingBuffer, batch_size: int, length: int, num_batches: int = 1) -> BatchInfo:
         check_length(length)
+        batch_size *= num_batches  # (draws with replacement: the blocks are independent batches)
         num_stored = storage.num_stored()
         if not storage.holds_sequence(length):  # Python ints once enough is stored: no tensor is read
             raise too_few_steps(num_stored, length)

@@ -196,7 +196,7 @@ def build_replay_and_training(setup: RunSetup, parts: StepParts, counters: Count
     if not parts.algorithm.on_policy and not isinstance(parts.collector, NoCollector):
         online = build_replay_buffer(config, parts.collector.spec, parts.transformer, setup.devices, setup.device)
     if setup.offline_steps is None:
-        training = build_training_step(config, parts, online, total_envs)
+        training = build_training_step(config, parts, online, total_envs, setup.options.presample_mini_batches)
         return (online if online is not None else NullReplay()), training
     offline = build_offline_replay(config, setup.offline_options, setup.offline_steps, parts.algorithm,
                                    parts.transformer, parts.collector.spec, setup.device)
@@ -262,6 +262,11 @@ def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Op
     if on_policy and config.priority_replay:
         raise ValueError(f"TrainerConfig.priority_replay=True needs an off-policy algorithm; {name} trains on-policy "
                          "without replay")
+    if options.presample_mini_batches and (config.whole_replay_buffer_training or config.offline_buffer_dir is not None
+                                           or on_policy):
+        raise ValueError("Trainer.presample_mini_batches=True draws the mini-batches of sampled online training: it "
+                         "needs an off-policy algorithm, TrainerConfig.whole_replay_buffer_training=False and no "
+                         "offline_buffer_dir")
     if options.random_warm_up_actions and (on_policy or config.async_unroll):
         raise ValueError("Trainer.random_warm_up_actions=True needs an off-policy algorithm and a synchronous unroll "
                          "(TrainerConfig.async_unroll=False): the warm-up runs in this process")
@@ -344,11 +349,12 @@ def _reads_buffer(transformer: DataTransformer) -> bool:
 
 
 def build_training_step(config: TrainerConfig, parts: StepParts, replay: Optional[ReplayBuffer],
-                        total_envs: int) -> TrainingStep:
-    """On-policy (no ``replay``): train on the unroll. Off-policy: from replay, sampled or over the whole buffer."""
+                        total_envs: int, presample: bool = False) -> TrainingStep:
+    """On-policy (no ``replay``): train on the unroll. Off-policy: from replay, sampled (``presample``:
+    ``Trainer.presample_mini_batches``) or over the whole buffer."""
     if replay is None:
         return OnPolicyTraining(parts)
-    settings = ReplaySettings.of(config, total_envs)
+    settings = dataclasses.replace(ReplaySettings.of(config, total_envs), presample_mini_batches=presample)
     if config.whole_replay_buffer_training:
         return WholeBufferTraining(parts, replay, settings, clear=config.clear_replay_buffer)
     return SampledReplayTraining(parts, replay, settings)

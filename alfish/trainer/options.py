@@ -25,6 +25,14 @@ class RunOptions:
     process ends anyway with ``128 + signal`` and one line saying where it was stuck, without a checkpoint of the
     unfinished iteration (the last checkpoint is intact). Writing the stop's checkpoint gets the same time again. A
     second signal ends the process at once (``alfish/console/signals.py``).
+    presample_mini_batches: sampled training (``TrainerConfig.whole_replay_buffer_training=False``, no offline
+    data) draws an iteration's ``num_updates_per_train_iter`` mini-batches in one sampler call (one gather, one
+    transform, one copy to the device) and writes their priorities back in one call after the last update, instead
+    of one of each per update: less work per update where many run per iteration (DQN's 128). Uniform replay: the
+    mini-batches have the same distribution (other random numbers). Prioritized replay: every mini-batch of the
+    iteration is drawn from the priorities at its start, so an update's new priorities reach the sampler at the end
+    of the iteration, not before the next mini-batch (Ape-X's delayed priorities); each mini-batch is stratified and
+    weighted on its own. The transformers see the iteration's mini-batches as one batch.
     random_warm_up_actions: collect the ``initial_collect_steps`` with uniformly random actions instead of the
     untrained policy's (as the TD3 paper and SB3's ``learning_starts`` do; ALF uses the policy, the default here).
     Off-policy algorithms whose rollout stores no info (SAC, DDPG, TD3, DQN), synchronous unroll only.
@@ -61,6 +69,7 @@ class RunOptions:
     progress_log_interval_s: float = 10.0
     stop_grace_s: float = 30.0
     random_warm_up_actions: bool = False
+    presample_mini_batches: bool = False
     host_memory_cache_mb: int = 256
     run_record: bool = True
     stop_value: Optional[float] = None

@@ -20,6 +20,7 @@ import torch
 from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
 from alfish.config.trainer_config import TrainerConfig
+from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience, StepType
 from alfish.learn.distributed import any_rank, merge_statistics_across_ranks
 from alfish.learn.learner import Learner
@@ -54,6 +55,7 @@ class ReplaySettings:
     num_updates_per_train_iter: int
     mini_batch_size: Optional[int]
     mini_batch_length: Optional[int]
+    presample_mini_batches: bool = False  # (``Trainer.presample_mini_batches``, a run option)
 
     @classmethod
     def of(cls, config: TrainerConfig, total_envs: int) -> ReplaySettings:
@@ -72,15 +74,32 @@ class Sample(NamedTuple):
     info: BatchInfo
 
 
-def sample_batch(replay: ReplayBuffer, transformer: DataTransformer, batch_size: int, length: int) -> Sample:
+def sample_batch(replay: ReplayBuffer, transformer: DataTransformer, batch_size: int, length: int,
+                 num_batches: int = 1) -> Sample:
     """``batch_size`` sequences of ``length`` steps from ``replay`` (the one pipeline of sampled training, hybrid
     included): sampled where the storage is, transformed there (the transformers that read neighbouring stored steps
     read the storage), copied to the training device (one non_blocking copy per field), made time-major and given the
-    experience view of the transformers."""
-    raw, where = replay.sample(batch_size, length)
+    experience view of the transformers. ``num_batches``: that many mini-batches drawn at once (``[L, num_batches *
+    batch_size]``; ``split_sample`` cuts them apart)."""
+    raw, where = replay.sample(batch_size, length, num_batches=num_batches) if num_batches > 1 else \
+        replay.sample(batch_size, length)
     raw = transformer.transform_sample(raw, where, replay)
     raw, on_device = replay.to_device(raw, where)
     return Sample(transformer.transform_experience(to_time_major(raw)), where, on_device)
+
+
+def split_sample(sample: Sample, num_batches: int) -> list[tuple[Experience, BatchInfo]]:
+    """The ``num_batches`` mini-batches of a ``sample_batch(..., num_batches)``: ``(batch [L, B], info [B])`` views,
+    in the order drawn."""
+    size = sample.info.env_ids.shape[0] // num_batches
+
+    def rows(k: int) -> tuple[Experience, BatchInfo]:
+        part = slice(k * size, (k + 1) * size)
+        batch = nest.map_nest(lambda x: x[:, part], sample.batch)  # (time-major: the batch is dim 1)
+        info = BatchInfo(*(None if x is None else x[part] for x in sample.info))
+        return batch, info
+
+    return [rows(k) for k in range(num_batches)]
 
 
 class TrainingStep:
@@ -204,12 +223,28 @@ class SampledReplayTraining(ReplayTraining):
         return steps
 
     def _train(self) -> None:
+        if self.settings.presample_mini_batches:
+            self._train_presampled()
+            return
         for _ in range(self.num_updates):
             sample = sample_batch(self.replay, self.transformer, self.settings.mini_batch_size,
                                   self.settings.mini_batch_length)
             loss_info = self.learner.update(sample.batch, sample.info)
             self.replay.update_priorities(sample.where, loss_info.priority)
             self.last_actions = sample.batch.action, sample.batch.step_type
+
+    def _train_presampled(self) -> None:
+        """``TrainerConfig.presample_mini_batches``: the iteration's mini-batches drawn in one call, their priorities
+        written back in one, after the last update (in update order: a start drawn twice takes the later one)."""
+        sample = sample_batch(self.replay, self.transformer, self.settings.mini_batch_size,
+                              self.settings.mini_batch_length, num_batches=self.num_updates)
+        priorities = []
+        for batch, info in split_sample(sample, self.num_updates):
+            loss_info = self.learner.update(batch, info)
+            priorities.append(loss_info.priority)
+            self.last_actions = batch.action, batch.step_type
+        if all(isinstance(p, torch.Tensor) for p in priorities):
+            self.replay.update_priorities(sample.where, torch.cat([p.reshape(-1) for p in priorities]))
 
 
 class WholeBufferTraining(ReplayTraining):

@@ -42,6 +42,13 @@ TrainerConfig.num_checkpoints = 0
 
 N_STEP_3 = ["DqnAlgorithm.n_step = 3", "TrainerConfig.mini_batch_length = 4"]
 PRIORITIZED = ["TrainerConfig.priority_replay = True", "TrainerConfig.priority_replay_beta = 0.4"]
+# The same 800 env steps and 200 updates as 50 iterations of 4 steps and 4 updates, the 4 mini-batches of an
+# iteration drawn at once (priorities written back after them), each update the whole compiled update (aot_eager:
+# the same graph as inductor's without generating code, so the test stays quick)
+PRESAMPLED_COMPILED = ["Trainer.presample_mini_batches = True", "TrainerConfig.num_iterations = 50",
+                       "TrainerConfig.unroll_length = 4", "TrainerConfig.num_updates_per_train_iter = 4",
+                       "TrainerConfig.eval_interval = 7", "Learner.compile_mode = 'default'",
+                       "Learner.compile_backend = 'aot_eager'"]
 
 
 def returns(tmp_path, params=()):
@@ -49,8 +56,9 @@ def returns(tmp_path, params=()):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("params", [[], N_STEP_3, PRIORITIZED, N_STEP_3 + PRIORITIZED],
-                         ids=["n1", "n3", "n1-prioritized", "n3-prioritized"])
+@pytest.mark.parametrize("params", [[], N_STEP_3, PRIORITIZED, N_STEP_3 + PRIORITIZED,
+                                    PRIORITIZED + PRESAMPLED_COMPILED],
+                         ids=["n1", "n3", "n1-prioritized", "n3-prioritized", "n1-prioritized-presampled-compiled"])
 def test_dqn_reaches_the_optimum_of_chain(tmp_path, params):
     result = returns(tmp_path, params)
     assert len(result) == 8

@@ -179,7 +179,7 @@ class PrioritizedSampler(Sampler):
         Duplicates are harmless: every copy of a leaf gets the same value (so their order does not matter either)."""
         raise NotImplementedError
 
-    def _sample(self, storage: RingBuffer, batch_size: int) -> BatchInfo:
+    def _sample(self, storage: RingBuffer, batch_size: int, num_batches: int = 1) -> BatchInfo:
         """``sample`` once its arguments are checked and the deferred updates applied."""
         raise NotImplementedError
 
@@ -247,11 +247,13 @@ class PrioritizedSampler(Sampler):
         self._refresh(*self._counters(storage), self._leaves(env, first + torch.arange(total)))
 
     # ------------------------------------------------------------------------------------------------- sampling --
-    def sample(self, storage: RingBuffer, batch_size: int, length: int) -> BatchInfo:
+    def sample(self, storage: RingBuffer, batch_size: int, length: int, num_batches: int = 1) -> BatchInfo:
         """``batch_size`` sequence starts, drawn with probability proportional to their stored priority.
 
         Stratified: ``[0, total)`` is split into ``batch_size`` equal segments and one uniform target is drawn in each
         (ALF's sampling without replacement): ``batch_size`` float64 draws from ``generator``, one call per sample.
+        ``num_batches`` mini-batches at once: each block of ``batch_size`` stratified on its own, the importance
+        weights of each normalized on their own (``max_over='batch'``); the same priorities serve every block.
 
         Priority updates still in flight from the device (see ``update_priorities``) that were queued before the
         previous sample are applied first. No host sync once enough steps are stored (see the module docstring).
@@ -267,7 +269,7 @@ class PrioritizedSampler(Sampler):
         if len(self._deferred):
             for batch_info, priorities in self._deferred.take_ready():
                 self._apply(storage, batch_info, priorities)
-        return self._sample(storage, batch_size)
+        return self._sample(storage, batch_size, num_batches)
 
     def _check_drawable(self, storage: RingBuffer) -> None:
         """Raise unless ``storage`` holds a sequence (Python ints once enough is stored: no tensor is read)."""

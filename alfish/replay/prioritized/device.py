@@ -78,15 +78,19 @@ class DevicePrioritizedSampler(PrioritizedSampler):
         return self._num_seen - self._num_ok
 
     # ------------------------------------------------------------------------------------------------- sampling --
-    def _sample(self, storage: RingBuffer, batch_size: int) -> BatchInfo:
+    def _sample(self, storage: RingBuffer, batch_size: int, num_batches: int = 1) -> BatchInfo:
         write_count, oldest = self._counters(storage)
         self._refresh(write_count, oldest)
         self._check_drawable(storage)
         total = self._sum.total()
         self._check_total(total)
         n = self._num_drawable(write_count, oldest)
-        u = host_to_device(torch.rand(batch_size, generator=self.generator, dtype=torch.float64), self.device)
-        targets = (torch.arange(batch_size, dtype=torch.float64, device=self.device) + u) * (total / batch_size)
+        num = batch_size * num_batches
+        u = host_to_device(torch.rand(num, generator=self.generator, dtype=torch.float64), self.device)
+        strata = torch.arange(num, dtype=torch.float64, device=self.device)
+        if num_batches > 1:
+            strata = strata.remainder(batch_size)  # each block stratified on its own
+        targets = (strata + u) * (total / batch_size)
         leaves = self._sum.find_prefix_sum(targets)
         p = self._sum.get(leaves)
         env_ids, positions = self._positions(leaves, write_count)
@@ -94,8 +98,9 @@ class DevicePrioritizedSampler(PrioritizedSampler):
         beta = value_of(self.beta)
         weights = (n * p / total).pow(-beta)
         if self.normalize_by_max:
-            if self.max_over == "batch":
-                weights = weights / weights.max()
+            if self.max_over == "batch":  # each mini-batch by its own max
+                weights = weights.view(num_batches, batch_size)
+                weights = (weights / weights.amax(1, keepdim=True)).view(num)
             else:
                 weights = (p / self._min.min()).pow(-beta)  # == weights / (N * p_min / total) ** -beta
         return BatchInfo(env_ids=env_ids, positions=positions, importance_weights=weights.float())

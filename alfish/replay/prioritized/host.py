@@ -17,7 +17,7 @@ the count of invalid priorities is a Python int, returned as a 0-d tensor.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 import torch
@@ -33,8 +33,9 @@ class _HostBuffers:
     name: torch calls (the generator's draws, ``pow``) write into or read from them and numpy reads or writes the
     other side, without a conversion per call."""
 
-    def __init__(self, num: int):
-        self.strata = np.arange(num, dtype=np.float64)  # the index of each draw's segment of [0, total)
+    def __init__(self, num: int, batch_size: Optional[int] = None):
+        # the index of each draw's segment of [0, total), per mini-batch of ``batch_size`` (None: one of ``num``)
+        self.strata = np.arange(num, dtype=np.float64) % (batch_size or num)
         self.rank_bits = num.bit_length()  # ranks 0..num fit in this many low bits of a sort key
         self.ranks = np.arange(1, num + 1, dtype=np.int64)  # entry number + 1 (see ``_apply``)
         self.targets = np.empty(num, dtype=np.float64)
@@ -91,12 +92,13 @@ class HostPrioritizedSampler(PrioritizedSampler):
         count = int(write_count[0])
         return count, max(count - self.capacity, int(floor[0]))
 
-    def _buffers(self, num: int) -> _HostBuffers:
-        buffers = self._host_buffers.get(num)
+    def _buffers(self, num: int, batch_size: Optional[int] = None) -> _HostBuffers:
+        key = (num, batch_size or num)
+        buffers = self._host_buffers.get(key)
         if buffers is None:
             if len(self._host_buffers) >= 4:  # (the batch size rarely changes)
                 self._host_buffers.clear()
-            buffers = self._host_buffers[num] = _HostBuffers(num)
+            buffers = self._host_buffers[key] = _HostBuffers(num, batch_size)
         return buffers
 
     def _positions(self, leaves: np.ndarray, write_count: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -154,18 +156,19 @@ class HostPrioritizedSampler(PrioritizedSampler):
         return torch.tensor(self._num_seen - self._num_ok)
 
     # ------------------------------------------------------------------------------------------------- sampling --
-    def _sample(self, storage: RingBuffer, batch_size: int) -> BatchInfo:
+    def _sample(self, storage: RingBuffer, batch_size: int, num_batches: int = 1) -> BatchInfo:
         """The steps of ``DevicePrioritizedSampler._sample`` on numpy arrays, with the same values."""
+        per_batch, batch_size = batch_size, batch_size * num_batches  # (below: batch_size = every draw)
         if self._dirty:
             self._refresh_arrays(*self._counters_host(storage))
         self._check_drawable(storage)
         tree = self._sum
         total = tree.total_host()
         self._check_total(total)
-        buf = self._buffers(batch_size)
+        buf = self._buffers(batch_size, per_batch)
         torch.rand(batch_size, generator=self.generator, dtype=torch.float64, out=buf.draws_t)
         targets = np.add(buf.strata, buf.draws, out=buf.targets)
-        targets *= total / batch_size  # (i + u) * (total / B)
+        targets *= total / per_batch  # (i + u) * (total / B)
         leaves = tree.find_prefix_sum_host(targets, ascending=True)
         p = tree.get_host(leaves)
         if self.num_envs == 1:  # (one env: leaf = slot, its counters as ints)
@@ -188,8 +191,9 @@ class HostPrioritizedSampler(PrioritizedSampler):
             buf.ratios /= total  # (n * p) / total, as the torch code
         torch.pow(buf.ratios_t, -beta, out=buf.weights_t)  # (torch: its pow rounds unlike numpy's)
         weights = buf.weights
-        if self.normalize_by_max and self.max_over == "batch":
-            weights = weights / weights.max()
+        if self.normalize_by_max and self.max_over == "batch":  # each mini-batch by its own max
+            blocks = weights.reshape(num_batches, per_batch)
+            weights = (blocks / blocks.max(axis=1, keepdims=True)).reshape(batch_size)
         return BatchInfo(env_ids=torch.from_numpy(env_ids), positions=torch.from_numpy(positions),
                          importance_weights=torch.from_numpy(weights.astype(np.float32)))
 
