@@ -60,10 +60,16 @@ SBX_ALGOS = ("sac", "td3", "ddpg", "dqn", "dqn_noper", "dqn_plain", "ppo")
 PYTHON = {"alfish": sys.executable, "sb3": sys.executable, "sbx": None}
 
 
+#: Extra gin bindings for alfish's runs (``--alfish_param``), e.g. a compile mode to measure.
+ALFISH_PARAMS: list[str] = []
+
+
 def run(framework: str, algo: str, steps: int, setting: str = "identical", eval_every: int = 0,
         threads: int = 0) -> dict:
     cmd = [PYTHON[framework], os.path.join(HERE, "run_one.py"), "--framework", framework, "--algo", algo,
            "--steps", str(steps), "--setting", setting, "--eval_every", str(eval_every), "--threads", str(threads)]
+    if framework == "alfish":
+        cmd += [arg for param in ALFISH_PARAMS for arg in ("--param", param)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -178,7 +184,13 @@ def main() -> None:
                         help="the frameworks alfish is timed against (default: sb3)")
     parser.add_argument("--sbx_python", default=os.environ.get("ALFISH_SBX_PYTHON"),
                         help="the python of SBX's own virtual environment (default: $ALFISH_SBX_PYTHON)")
+    parser.add_argument("--alfish_param", action="append", default=[],
+                        help="an extra gin binding for alfish's runs (repeatable), e.g. "
+                             "\"Learner.compile_mode='default'\"")
     args = parser.parse_args()
+    ALFISH_PARAMS.extend(args.alfish_param)
+    if args.alfish_param:
+        print(f"alfish runs with {args.alfish_param}", flush=True)
     if "sbx" in args.peers:
         PYTHON["sbx"] = check_sbx_python(args.sbx_python)
         if any(t not in (0, 1) for t in args.threads):
