@@ -1,0 +1,89 @@
+"""One Learner update, eager against compiled (``Learner.compile_scope`` 'update' and 'loss'), at the sizes of
+bench_vs_sb3.py's SAC and DQN, in one process with the three alternating.
+
+    python tools/bench/bench_compiled_update.py [--algos sac dqn] [--threads 1 2] [--blocks 7] [--updates 100]
+
+Each Learner trains on one fixed batch (SAC: Pendulum-sized, batch 256, 256x256; DQN: CartPole-sized, batch 64,
+256x256, double Q, Huber, gradient-norm clip 10, importance weights), after 12 warm-up updates (where the compiled
+ones compile: the time is printed). Then ``--blocks`` rounds of ``--updates`` updates per Learner, alternating, and
+the median microseconds per update with the ratio eager / compiled. Inductor is the backend (``compile_mode=
+'default'``); a second run of this script compiles from inductor's on-disk cache.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+
+import gymnasium as gym
+import torch
+
+from alfish.algorithms import DqnAlgorithm, SacAlgorithm
+from alfish.data.types import BatchInfo, Experience, StepType
+from alfish.learn.learner import Learner
+from alfish.learn.optim import OptimizerConfig
+
+
+def job(algo: str) -> tuple[Experience, BatchInfo, dict[str, Learner]]:
+    """The batch, its info and the three Learners (same initial parameters) of ``algo``."""
+    torch.manual_seed(0)
+    if algo == "dqn":
+        obs, action_space, batch_size, clip = gym.spaces.Box(-1, 1, (4,)), gym.spaces.Discrete(2), 64, 10.0
+        algorithm = DqnAlgorithm(obs, action_space, hidden_sizes=(256, 256), lr=2.3e-3, double_q=True,
+                                 huber_loss=True, target_update_period=128)
+    else:
+        obs, action_space, batch_size, clip = gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-2, 2, (1,)), 256, None
+        algorithm = SacAlgorithm(obs, action_space, hidden_sizes=(256, 256), actor_lr=1e-3, critic_lr=1e-3,
+                                 alpha_lr=1e-3)
+    g = torch.Generator().manual_seed(0)
+    shape = (2, batch_size)
+    action = (torch.randint(2, shape, generator=g) if algo == "dqn"
+              else torch.rand(shape + (1,), generator=g) * 4 - 2)
+    batch = Experience(step_type=torch.full(shape, int(StepType.MID), dtype=torch.int8),
+                       reward=torch.randn(shape, generator=g), discount=torch.ones(shape),
+                       observation=torch.rand(shape + obs.shape, generator=g), action=action,
+                       env_id=torch.zeros(shape, dtype=torch.int64))
+    info = BatchInfo(env_ids=torch.zeros(batch_size, dtype=torch.int64),
+                     positions=torch.zeros(batch_size, dtype=torch.int64),
+                     importance_weights=torch.rand(batch_size, generator=g) if algo == "dqn" else None)
+    learners = {"eager": Learner(copy.deepcopy(algorithm), OptimizerConfig(max_grad_norm=clip)),
+                "update": Learner(copy.deepcopy(algorithm), OptimizerConfig(max_grad_norm=clip),
+                                  compile_mode="default", compile_scope="update"),
+                "loss": Learner(copy.deepcopy(algorithm), OptimizerConfig(max_grad_norm=clip),
+                                compile_mode="default", compile_scope="loss")}
+    return batch, info, learners
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algos", nargs="+", default=["sac", "dqn"], choices=["sac", "dqn"])
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--blocks", type=int, default=7)
+    parser.add_argument("--updates", type=int, default=100)
+    args = parser.parse_args()
+    for algo in args.algos:
+        for threads in args.threads:
+            torch.set_num_threads(threads)
+            batch, info, learners = job(algo)
+            for name, learner in learners.items():
+                start = time.perf_counter()
+                for _ in range(12):
+                    learner.update(batch, info)
+                print(f"[{algo}, {threads} thread(s)] {name}: 12 warm-up updates in "
+                      f"{time.perf_counter() - start:.1f} s", flush=True)
+            times: dict[str, list[float]] = {name: [] for name in learners}
+            for _ in range(args.blocks):
+                for name, learner in learners.items():
+                    start = time.perf_counter()
+                    for _ in range(args.updates):
+                        learner.update(batch, info)
+                    times[name].append((time.perf_counter() - start) / args.updates * 1e6)
+            med = {name: statistics.median(v) for name, v in times.items()}
+            print(f"[{algo}, {threads} thread(s)] us per update, median of {args.blocks}: eager {med['eager']:.0f}, "
+                  f"whole update {med['update']:.0f} ({med['eager'] / med['update']:.2f}x), loss only "
+                  f"{med['loss']:.0f} ({med['eager'] / med['loss']:.2f}x)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
