@@ -7,13 +7,17 @@ Each Learner trains on one fixed batch (SAC: Pendulum-sized, batch 256, 256x256;
 256x256, double Q, Huber, gradient-norm clip 10, importance weights), after 12 warm-up updates (where the compiled
 ones compile: the time is printed). Then ``--blocks`` rounds of ``--updates`` updates per Learner, alternating, and
 the median microseconds per update with the ratio eager / compiled. Inductor is the backend (``compile_mode=
-'default'``); a second run of this script compiles from inductor's on-disk cache.
+'default'``); a second run of this script compiles from inductor's on-disk cache. For SAC the update's FLOP floor
+(``sac_update_floor.py``: its matmul FLOPs at the measured rate of its dominant matmul) is measured in the same run,
+right after, and each update's fraction of it printed.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
+import sys
 import time
 
 import gymnasium as gym
@@ -55,6 +59,16 @@ def job(algo: str) -> tuple[Experience, BatchInfo, dict[str, Learner]]:
     return batch, info, learners
 
 
+def sac_floor_us(threads: int, batch: int = 256, hidden: int = 256) -> float:
+    """The SAC update's FLOP floor in microseconds at ``threads`` (``sac_update_floor.py``: Pendulum's sizes)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import sac_update_floor
+
+    torch.set_num_threads(threads)
+    flops = sac_update_floor.sac_update_flops(3, 1, hidden, batch)
+    return flops / sac_update_floor.matmul_rate(hidden, batch) * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", nargs="+", default=["sac", "dqn"], choices=["sac", "dqn"])
@@ -83,6 +97,10 @@ def main() -> None:
             print(f"[{algo}, {threads} thread(s)] us per update, median of {args.blocks}: eager {med['eager']:.0f}, "
                   f"whole update {med['update']:.0f} ({med['eager'] / med['update']:.2f}x), loss only "
                   f"{med['loss']:.0f} ({med['eager'] / med['loss']:.2f}x)", flush=True)
+            if algo == "sac":
+                floor_us = sac_floor_us(threads)
+                print(f"[sac, {threads} thread(s)] FLOP floor {floor_us:.0f} us: eager at "
+                      f"{floor_us / med['eager']:.0%}, whole update at {floor_us / med['update']:.0%}", flush=True)
 
 
 if __name__ == "__main__":
