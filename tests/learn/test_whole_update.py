@@ -127,3 +127,24 @@ def test_compile_scope_errors_are_one_line():
         Learner(Toy(), compile_mode="default", compile_scope="everything")
     with pytest.raises(OneLineValueError, match=r"^Learner.compile_scope='loss' is set but compile_mode is None"):
         Learner(Toy(), compile_scope="loss")
+
+
+def test_a_whole_update_learner_resumes_from_its_checkpoint_exactly():
+    # 6 updates in one go, against 3, a checkpoint (the algorithm's and the Learner's state), a fresh Learner that
+    # loads it (its optimizer state: new tensors, which the compiled update must read), and 3 more
+    data = [batch(reward=(0.0, float(k), 3.0)) for k in range(6)]
+    straight, _ = learners(max_grad_norm=0.5)
+    for b in data:
+        straight.update(b)
+    first, _ = learners(max_grad_norm=0.5)
+    for b in data[:3]:
+        first.update(b)
+    saved = copy.deepcopy((first.algorithm.state_dict(), first.state_dict()))
+    resumed, _ = learners(max_grad_norm=0.5)
+    resumed.algorithm.load_state_dict(saved[0])
+    resumed.load_state_dict(saved[1])
+    for b in data[3:]:
+        resumed.update(b)
+    assert torch.equal(resumed.algorithm.w, straight.algorithm.w) and resumed.num_updates == 6
+    ours, theirs = (learner.optimizer.state[learner.algorithm.w] for learner in (resumed, straight))
+    assert all(torch.equal(ours[k], theirs[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
