@@ -86,6 +86,11 @@ DETECTED_TORCH_FEATURES = (
                  "broadcast once at construction by alfish)", "alfish/learn/distributed.py", (2, 13),
                  lambda torch: _has_parameters(torch.nn.parallel.DistributedDataParallel.__init__,
                                                "forward_sync_buffers")),
+    # (2, 13): the first release alfish ran it on; it may be older
+    TorchFeature("dynamo tracing torch.autograd.grad inside compiled code, torch._dynamo.config.trace_autograd_ops "
+                 "(older: Learner.compile_scope='update' compiles the loss module only, after one warning)",
+                 "alfish/learn/whole_update.py", (2, 13),
+                 lambda torch: hasattr(torch._dynamo.config, "trace_autograd_ops")),
 )
 
 TORCH_FLOOR = max(feature.since for feature in TORCH_FEATURES)

@@ -52,8 +52,16 @@ from alfish.learn.optim import OptimizerConfig
 SUPPORTED_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
 
 
+def dynamo_traces_gradients() -> bool:
+    """Whether this torch's dynamo can trace ``torch.autograd.grad`` inside compiled code (``trace_autograd_ops``:
+    ``alfish.DETECTED_TORCH_FEATURES``)."""
+    return hasattr(torch._dynamo.config, "trace_autograd_ops")
+
+
 def unsupported_reason(optimizer: torch.optim.Optimizer, ddp: bool, amp: bool) -> Optional[str]:
     """Why the whole update cannot be one compiled function here, or None when it can."""
+    if not dynamo_traces_gradients():
+        return f"torch {torch.__version__}'s dynamo cannot trace torch.autograd.grad (trace_autograd_ops)"
     if ddp:
         return "under DDP the gradients are all-reduced between the backward and the step"
     if amp:

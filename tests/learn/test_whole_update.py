@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from alfish.errors import NonFiniteLossError, OneLineValueError
+from alfish.learn import whole_update
 from alfish.learn.amp import AmpPolicy
 from alfish.learn.learner import Learner
 from alfish.learn.optim import OptimizerConfig
@@ -148,3 +149,14 @@ def test_a_whole_update_learner_resumes_from_its_checkpoint_exactly():
     assert torch.equal(resumed.algorithm.w, straight.algorithm.w) and resumed.num_updates == 6
     ours, theirs = (learner.optimizer.state[learner.algorithm.w] for learner in (resumed, straight))
     assert all(torch.equal(ours[k], theirs[k]) for k in ("step", "exp_avg", "exp_avg_sq"))
+
+
+def test_a_torch_whose_dynamo_cannot_trace_the_gradients_compiles_the_loss_only(monkeypatch, caplog):
+    # alfish.DETECTED_TORCH_FEATURES: without trace_autograd_ops the whole update cannot be one graph
+    monkeypatch.setattr(whole_update, "dynamo_traces_gradients", lambda: False)
+    with caplog.at_level(logging.WARNING):
+        learner = Learner(Toy(), OptimizerConfig(), compile_mode="default", compile_backend="aot_eager")
+    assert learner._whole is None and learner._compiled is not None
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Learner.compile_scope='update' cannot compile the whole update here (torch {torch.__version__}'s dynamo "
+        "cannot trace torch.autograd.grad (trace_autograd_ops)): compiling the loss module only (compile_scope='loss')"]
