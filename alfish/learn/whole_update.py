@@ -1,11 +1,12 @@
 """The whole update as one compiled function (``Learner.compile_scope='update'``): the loss, its gradients, the
 non-finite skip, clipping and the Adam step, traced by dynamo into one graph that inductor turns into one program.
 
-Why: at the sizes RL trains on a CPU (a batch of 64-256, 256x256 layers) an update costs its ~150 dispatched ops,
-not its arithmetic. Compiling the loss module alone (``compile_scope='loss'``) leaves the autograd engine's backward
-walk, the clipping and the optimizer step eager. Here the gradients come from ``torch.autograd.grad`` inside the
-traced function (dynamo traces it with ``trace_autograd_ops``), and the optimizer step is written with tensor ops
-(``adam_step``), so one call runs the update as JAX's ``jit`` of a whole train step does (SBX, LeanRL).
+Why: at the sizes RL trains on a CPU (a batch of 64-256, 256x256 layers) an eager update costs the dispatch of its
+many small ops about as much as its arithmetic. Compiling the loss module alone (``compile_scope='loss'``) leaves
+the autograd engine's backward walk, the clipping and the optimizer step eager. Here the gradients come from
+``torch.autograd.grad`` inside the traced function (dynamo traces it with ``trace_autograd_ops``), and the optimizer
+step is written with tensor ops (``adam_step``), so one call runs the update as JAX's ``jit`` of a whole train step
+does (SBX, LeanRL).
 
 What stays the same as the eager update (``Learner._step``):
   * the loss: ``train_step`` + ``calc_loss`` of the loss module, its named terms evaluated inside, the importance-
@@ -23,9 +24,9 @@ What stays the same as the eager update (``Learner._step``):
 Learning rates are 0-d tensors refilled from the optimizer's groups before each call (a schedule recompiles nothing);
 ``.grad`` is never set (nothing reads it outside a diagnosed update, which runs eagerly).
 
-Where it does not apply (``unsupported_reason``: DDP's all-reduce between backward and step, AMP's gradient scaler,
-another optimizer than Adam/AdamW or an option of theirs it does not write) the Learner compiles the loss only,
-after one warning saying why.
+Where it does not apply (``unsupported_reason``: DDP's all-reduce between backward and step, AMP's autocast and
+gradient scaler, another optimizer than Adam/AdamW or an option of theirs it does not write, a torch whose dynamo
+cannot trace ``torch.autograd.grad``) the Learner compiles the loss only, after one warning saying why.
 """
 from __future__ import annotations
 
