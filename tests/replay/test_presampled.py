@@ -67,7 +67,9 @@ def test_uniform_blocks_are_the_draws_of_one_batch_of_all_of_them():
 
 
 class RecordingLearner:
-    """Stands in for the Learner (it records what it is given); the priority of a sequence is its batch number."""
+    """Stands in for the Learner in this bookkeeping test (it records what it is given; the priority of a sequence is
+    its batch number, so the write order is visible). The real Learner with presampled batches is the DQN learning
+    test's (tests/integration/test_dqn_learning.py, n1-prioritized-presampled-compiled)."""
 
     def __init__(self) -> None:
         self.batches: list[tuple[torch.Size, BatchInfo]] = []
