@@ -84,6 +84,7 @@ class CompiledLoss:
         self.compiled_updates = 0
         self._random_state: Optional[tuple] = None  # before the forward of a warm-up update
         self._graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        self._limit_hits_before = recompile_limit_hits()
         self.compiled: Optional[nn.Module] = compile_checked(LossWithTerms(loss_module), mode, backend)
 
     def warms_up(self, batch: Experience | HybridBatch) -> bool:
@@ -129,7 +130,7 @@ class CompiledLoss:
         counters = torch._dynamo.utils.counters
         return dict(compiled=self.compiled is not None, compiled_updates=self.compiled_updates,
                     graphs=counters["stats"]["unique_graphs"] - self._graphs_before,
-                    recompile_limit_hit=any("recompile limit" in key.lower() for key in counters["unimplemented"]))
+                    recompile_limit_hit=recompile_limit_hits() > self._limit_hits_before)
 
 
 def compile_checked(fn: Callable, mode: str, backend: str | Callable) -> Callable:
@@ -141,6 +142,13 @@ def compile_checked(fn: Callable, mode: str, backend: str | Callable) -> Callabl
         setting = f"Learner.compile_mode='{mode}'"
         setting += "" if backend == "inductor" else f", compile_backend={backend!r}"
         raise OneLineValueError(f"{setting}: {str(err).splitlines()[0]} (or None: eager)") from None
+
+
+def recompile_limit_hits() -> int:
+    """How often dynamo gave up recompiling a function in this process (its counters outlive
+    ``torch._dynamo.reset``: compare with a count taken earlier)."""
+    return sum(n for key, n in torch._dynamo.utils.counters["unimplemented"].items()
+               if "recompile limit" in key.lower())
 
 
 def one_line(err: BaseException) -> str:

@@ -44,6 +44,7 @@ from alfish.learn.compiled import (
     loss_terms,
     one_line,
     random_state,
+    recompile_limit_hits,
     release_compiled_code,
     set_random_state,
 )
@@ -145,6 +146,7 @@ class WholeUpdate:
         self._lrs = [torch.zeros((), device=device) for _ in optimizer.param_groups]
         self.compiled_updates = 0
         self._graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        self._limit_hits_before = recompile_limit_hits()
         # dynamo traces torch.autograd.grad only with this flag, read whenever it traces (the first call, a second
         # graph such as TD3's). Set for the process once: entering config.patch around every call cost ~170 us per
         # update here, more than a tenth of a compiled DQN update. It changes nothing for code that computes no
@@ -218,4 +220,4 @@ class WholeUpdate:
         counters = torch._dynamo.utils.counters
         return dict(compiled=self.compiled is not None, compiled_updates=self.compiled_updates,
                     graphs=counters["stats"]["unique_graphs"] - self._graphs_before,
-                    recompile_limit_hit=any("recompile limit" in key.lower() for key in counters["unimplemented"]))
+                    recompile_limit_hit=recompile_limit_hits() > self._limit_hits_before)
