@@ -9,6 +9,8 @@ For each layout (envs x steps per env, a full ring), times in the same run:
     mapping and weights.
   * update: ``ReplayBuffer.update_priorities`` of ``batch`` sampled starts vs numpy direct assignment
     ``p[leaves] = (priority + eps) ** alpha``.
+  * update, written back: ``--write_back`` mini-batches drawn in one call, their priorities written back in one
+    (``TrainerConfig.presample_mini_batches``), per mini-batch; the numpy peer assigns the same entries directly.
   * add + sample: one ``ReplayBuffer.add`` to every env (storage add + the sampler's ``on_add``), then a sample (the
     sampler refreshes the leaves an add dirtied in one batch at the next sample): the cost per iteration of a loop that
     adds one step per env and samples once (SAC's). The numpy peer's add is two direct assignments.
@@ -151,7 +153,8 @@ def median_ms(fn, calls: int, warmup: int = 10) -> list[float]:
     return times
 
 
-def bench_layout(num_envs: int, capacity: int, batch: int, length: int, calls: int, blocks: int) -> dict:
+def bench_layout(num_envs: int, capacity: int, batch: int, length: int, calls: int, blocks: int,
+                 write_back: int) -> dict:
     rng = np.random.default_rng(0)
     stored = (rng.uniform(0.01, 10.0, (num_envs, capacity)) + EPS) ** ALPHA
     stored[:, capacity - length + 1:] = 0.0  # the newest length - 1 steps start no full sequence
@@ -196,7 +199,30 @@ def bench_layout(num_envs: int, capacity: int, batch: int, length: int, calls: i
     ops["add_sample"] = count_ops(add_and_sample)
     result = {k: statistics.median(v) for k, v in t.items()}
     result["ops"] = ops
+    result.update(bench_write_back(sampler, buffer, peer, batch, length, write_back, blocks))
     return result
+
+
+def bench_write_back(sampler: PrioritizedSampler, buffer: ReplayBuffer, peer: NumpyPrioritized, batch: int,
+                     length: int, num_batches: int, blocks: int) -> dict:
+    """``TrainerConfig.presample_mini_batches``'s pattern (DQN's conf: 128 updates per iteration): ``num_batches``
+    mini-batches drawn in one call, then all their priorities written back in one ``update_priorities``. Returns the
+    medians per mini-batch (ms): ``update_write_back`` and the numpy peer's direct assignment of the same entries,
+    ``update_write_back_numpy``. Each timed write-back gets a fresh draw (positions spread over the buffer, as in
+    training, rather than the same batch again, which the caches keep warm)."""
+    generator = torch.Generator().manual_seed(1)
+    times: dict[str, list[float]] = {"update_write_back": [], "update_write_back_numpy": []}
+    for _ in range(blocks * 4):
+        info = sampler.sample(buffer.storage, batch, length, num_batches=num_batches)
+        priorities = torch.rand(batch * num_batches, generator=generator) * 5
+        start = time.perf_counter()
+        buffer.update_priorities(info, priorities)
+        times["update_write_back"].append((time.perf_counter() - start) * 1e3 / num_batches)
+        env, pos, prio = info.env_ids.numpy(), info.positions.numpy(), priorities.numpy()
+        start = time.perf_counter()
+        peer.update(env, pos, prio)
+        times["update_write_back_numpy"].append((time.perf_counter() - start) * 1e3 / num_batches)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main() -> None:
@@ -207,6 +233,8 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1000, help="timed calls per operation (alfish)")
     parser.add_argument("--blocks", type=int, default=5, help="alternations between alfish and numpy")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--write_back", type=int, default=128,
+                        help="mini-batches per presampled iteration whose priorities are written back in one call")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     op_ms, np_op_ms = minimal_op_ms(), minimal_numpy_op_ms()
@@ -215,7 +243,7 @@ def main() -> None:
           f"minimal numpy call (negative of 256 floats): {np_op_ms * 1e3:.2f} us")
     for layout in args.layouts:
         num_envs, capacity = (int(x) for x in layout.split("x"))
-        r = bench_layout(num_envs, capacity, args.batch, args.length, args.calls, args.blocks)
+        r = bench_layout(num_envs, capacity, args.batch, args.length, args.calls, args.blocks, args.write_back)
         results[layout] = r
         print(f"{num_envs} env x {capacity} steps, batch {args.batch} x length {args.length}, "
               f"torch threads {args.threads}:")
@@ -224,6 +252,8 @@ def main() -> None:
             print(f"  {label}  alfish {r[name]:.3f} ms   numpy {r[name + '_numpy']:.3f} ms   "
                   f"numpy/alfish {r[name + '_numpy'] / r[name]:.2f}x   "
                   f"(alfish: {ops} aten calls x minimal torch call = {ops * op_ms:.3f} ms; the rest is numpy calls)")
+        print(f"  update, {args.write_back} mini-batches written back in one call (presampled), per mini-batch: "
+              f"alfish {r['update_write_back']:.4f} ms   numpy {r['update_write_back_numpy']:.4f} ms")
         r["sample_update"] = r["sample"] + r["update"]
         print(f"  sample+update  alfish {r['sample_update']:.3f} ms   "
               f"numpy {r['sample_numpy'] + r['update_numpy']:.3f} ms")
