@@ -152,7 +152,7 @@ class AsyncCollector(Collector):
             raw = as_time_step(step.experience)
             self._stats_view(to_device(raw, self.device))  # data transformer statistics live here, not in the child
             self.stats.observe(raw)
-            self._sink(step.experience)
+            self._sink.add(step.experience)
         self.policy_lag.received(received, self._iteration)
         return len(received)
 

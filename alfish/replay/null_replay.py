@@ -13,6 +13,9 @@ class NullReplay:
     def add(self, exp: Experience) -> None:
         """Drops the step (the collector's sink; an on-policy collector never calls it)."""
 
+    def add_steps(self, exp: Experience) -> None:
+        """Drops the steps (as ``add``)."""
+
     def truncate_episodes(self) -> None:
         """No stored episode to cut."""
 

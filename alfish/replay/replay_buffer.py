@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience
 from alfish.replay.ring_buffer import RingBuffer
 from alfish.replay.samplers import Sampler
@@ -89,6 +90,25 @@ class ReplayBuffer:
             counts_before = self._storage.write_count().index_select(0, env_ids)  # the absolute indices written
             self._storage.add(exp)
             self._sampler.on_add(self._storage, env_ids, counts_before)
+
+    def add_steps(self, exp: Experience) -> None:
+        """Append ``T`` steps per env at once, as ``T`` calls of ``add`` would: leaves ``[B, T, ...]`` (batch-major),
+        ``exp.env_id`` ``[B, T]`` (every column the same unique envs); see ``RingBuffer.add_steps``. The sampler sees
+        the ``B * T`` new slots in one ``on_add``."""
+        with torch.inference_mode(False):
+            if not self._sampler_tracks_adds:
+                self._storage.add_steps(exp)
+                return
+            env_ids = exp.env_id[:, 0]
+            num_steps = exp.env_id.shape[1]
+            if num_steps > self.capacity:  # (slots written twice: one add at a time keeps on_add's leaves distinct)
+                for t in range(num_steps):
+                    self.add(nest.map_nest(lambda x, t=t: x.select(1, t), exp))
+                return
+            counts_before = self._storage.write_count().index_select(0, env_ids)
+            self._storage.add_steps(exp)
+            written = counts_before[:, None] + torch.arange(num_steps)  # [B, T] absolute indices
+            self._sampler.on_add(self._storage, env_ids[:, None].expand_as(written).reshape(-1), written.reshape(-1))
 
     def clear(self, keep_last: int = 0) -> None:
         """Forget everything except the newest ``keep_last`` steps of each env (they keep their absolute indices)."""

@@ -95,6 +95,35 @@ class RingBuffer:
         self._write_count[env_ids] += 1
         # (Other adds leave _max_stored as it is: an add never lowers a count, so it stays a lower bound.)
 
+    def add_steps(self, exp: Experience) -> None:
+        """Append ``T`` steps per env at once: leaves ``[B, T, ...]`` (batch-major, as stored: ``nest.stack(steps,
+        dim=1)`` of ``T`` steps ``[B, ...]``), ``exp.env_id`` ``[B, T]`` (every column the same envs). The same result
+        as ``T`` calls of ``add``; when every env is written at once, in order, with ``T <= capacity`` and no episode
+        ends to track, it is at most two slice copies per leaf instead of ``T`` (one unroll's steps, written after
+        it: ``SyncCollector``)."""
+        with torch.inference_mode(False):
+            env_ids = exp.env_id
+            num_steps = env_ids.shape[1]
+            lockstep = (self._storage is not None and self._lockstep is not None and self._episode_end is None
+                        and num_steps <= self.capacity and env_ids.shape[0] == self.num_envs
+                        and torch.equal(env_ids, self._all_envs[:, None].expand_as(env_ids)))
+            if not lockstep:
+                for t in range(num_steps):
+                    self._add(nest.map_nest(lambda x, t=t: x.select(1, t), exp))
+                return
+            leaves = nest.flatten(exp._replace(env_id=()))
+            start = self._lockstep % self.capacity
+            first = min(num_steps, self.capacity - start)  # steps before the ring wraps
+            on_host = self.device.type == "cpu"
+            for store, x in zip(self._storage, leaves):
+                x = x if on_host else host_to_device(x, self.device)
+                store[:, start:start + first].copy_(x[:, :first])
+                if first < num_steps:
+                    store[:, :num_steps - first].copy_(x[:, first:])
+            self._lockstep += num_steps
+            self._max_stored = min(self._lockstep - self._min_floor, self.capacity)
+            self._write_count += num_steps
+
     def _allocate(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A zeroed storage leaf (a subclass may place it elsewhere, e.g. in a file)."""
         return torch.zeros(shape, dtype=dtype, device=self.device)

@@ -21,8 +21,9 @@ class Sampler:
         it already holds)."""
 
     def on_add(self, storage: RingBuffer, env_ids: torch.Tensor, write_counts_before: torch.Tensor) -> None:
-        """``storage.add`` has just written one step to each of ``env_ids`` ``[B]`` (unique, CPU int64), at the absolute
-        indices ``write_counts_before`` ``[B]`` (the envs' write counts before the add)."""
+        """``storage.add`` has just written one step to each of ``env_ids`` ``[N]`` (CPU int64), at the absolute
+        indices ``write_counts_before`` ``[N]`` (the envs' write counts before the add). The (env, index) pairs are
+        distinct, the envs not always: ``ReplayBuffer.add_steps`` passes the ``T`` steps of each env at once."""
 
     def on_clear(self, storage: RingBuffer, oldest_before: torch.Tensor) -> None:
         """``storage.clear`` has just moved the oldest readable index of each env from ``oldest_before`` ``[num_envs]``

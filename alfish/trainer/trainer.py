@@ -149,7 +149,7 @@ class Trainer:
         reset_progress()
         self._update_schedules()
         self.callbacks.before_run(self)  # (a warm start loads its weights here: before the first action)
-        self.collector.start(self.algorithm, self.transformer, self.replay.add,
+        self.collector.start(self.algorithm, self.transformer, self.replay,
                              reseed(self.rank_seed, self.counters.iteration), self.plan.progress(self.counters),
                              before_publish=self.learner.check_finite, resume=collector_state)
         if self.resumed and not self.collector.resumed_exactly:

@@ -39,6 +39,13 @@ TrainerConfig.mini_batch_length = 2
 """
 
 
+class StepList(list):
+    """A collector's sink that keeps every step ``[B, ...]`` it is given, in order."""
+
+    def add(self, step):
+        self.append(step)
+
+
 class Rig:
     """A trainer side as build_trainer makes it: the child started (it owns the envs), the policy built here from the
     spec it reported, then started."""
@@ -52,8 +59,8 @@ class Rig:
                           step_interval_s=interval_s, parent_pid=os.getpid())
         self.unroller = AsyncCollector(spec, queue_size)
         self.transformer, self.algorithm = build_policy(config, self.unroller.spec)
-        self.stored = []
-        self.unroller.start(self.algorithm, self.transformer, self.stored.append, 3, ProgressPoint(0, 0, 0.0))
+        self.stored = StepList()
+        self.unroller.start(self.algorithm, self.transformer, self.stored, 3, ProgressPoint(0, 0, 0.0))
 
     def publish(self):
         return self.unroller.publish(ProgressPoint(0, 0, 0.0))

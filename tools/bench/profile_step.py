@@ -16,7 +16,7 @@ phase                  alfish                                      Stable-Baseli
 env step               the gymnasium vector env's ``step``          ``VecEnv.step_wait``
 conversions            numpy <-> torch around the env step          (inside ``policy.predict``: in policy forward)
 policy forward         ``algorithm.rollout_step``                   ``policy.predict`` / ``policy.forward``
-buffer add             ``ReplayBuffer.add``                         ``replay_buffer.add`` / ``rollout_buffer.add``
+buffer add             ``ReplayBuffer.add`` / ``add_steps``         ``replay_buffer.add`` / ``rollout_buffer.add``
 sampling               ``ReplayBuffer.sample`` (+ to_device, time-  ``replay_buffer.sample`` / ``rollout_buffer.get``
                        major, transformers; PPO: mini-batching)
 returns                PPO/A2C's ``preprocess_experience`` (GAE)    ``compute_returns_and_advantage``
@@ -134,6 +134,7 @@ def profile_alfish(args: argparse.Namespace, timer: PhaseTimer) -> tuple[float, 
     timer.wrap(trainer.algorithm, "rollout_step", "policy forward")
     if isinstance(trainer.replay, ReplayBuffer):  # (not the NullReplay of on-policy runs)
         timer.wrap(ReplayBuffer, "add", "buffer add")
+        timer.wrap(ReplayBuffer, "add_steps", "buffer add")
         for name in ("sample", "to_device", "gather_all"):
             timer.wrap(ReplayBuffer, name, "sampling")
         timer.wrap(ReplayBuffer, "update_priorities", "priorities")
@@ -206,9 +207,9 @@ def child(args: argparse.Namespace) -> None:
     print("RESULT " + json.dumps(dict(seconds=seconds, steps=steps, us_per_step=us)), flush=True)
 
 
-def run_child(framework: str, algo: str, steps: int, threads: int) -> dict:
+def run_child(framework: str, algo: str, steps: int, threads: int, params: list[str]) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", framework, "--algos", algo, "--steps", str(steps),
-           "--threads", str(threads)]
+           "--threads", str(threads)] + [f"--param={p}" for p in params]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -237,16 +238,19 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=0, help="env steps per job (0: the throughput benchmark's)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both (0: torch's default)")
     parser.add_argument("--frameworks", nargs="+", default=["alfish", "sb3"], choices=["alfish", "sb3"])
+    parser.add_argument("--param", action="append", default=[],
+                        help="an extra gin binding for alfish (repeatable), as run_one.py --param")
     parser.add_argument("--child", choices=["alfish", "sb3"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         job = argparse.Namespace(framework=args.child, algo=args.algos[0], setting="identical", eval_every=0,
-                                 seed=0, threads=args.threads, steps=args.steps or DEFAULT_STEPS[args.algos[0]])
+                                 seed=0, threads=args.threads, steps=args.steps or DEFAULT_STEPS[args.algos[0]],
+                                 param=args.param)
         child(job)
         return
     for algo in args.algos:
         steps = args.steps or DEFAULT_STEPS[algo]
-        results = {fw: run_child(fw, algo, steps, args.threads) for fw in args.frameworks}
+        results = {fw: run_child(fw, algo, steps, args.threads, args.param) for fw in args.frameworks}
         if len(results) == 2:
             print(table(algo, results) + "\n", flush=True)
         else:

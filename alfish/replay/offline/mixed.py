@@ -77,6 +77,9 @@ class MixedReplayBuffer:
     def add(self, exp: Experience) -> None:
         self.online.add(exp)
 
+    def add_steps(self, exp: Experience) -> None:
+        self.online.add_steps(exp)
+
     def clear(self, keep_last: int = 0) -> None:
         self.online.clear(keep_last)
 

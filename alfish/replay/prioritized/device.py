@@ -54,9 +54,10 @@ class DevicePrioritizedSampler(PrioritizedSampler):
             self._min.update(leaves, torch.where(drawable, values, float("inf")), validate=False)
 
     def on_add(self, storage: RingBuffer, env_ids: torch.Tensor, write_counts_before: torch.Tensor) -> None:
-        """``storage.add`` wrote one step to each of ``env_ids`` ``[B]`` (unique) at the absolute indices
-        ``write_counts_before`` ``[B]``: the new slots get the max priority; their leaves (and those of the starts
-        that the add made drawable) are refreshed at the next sample or update."""
+        """``storage.add`` wrote one step to each of ``env_ids`` ``[N]`` at the absolute indices
+        ``write_counts_before`` ``[N]`` (distinct pairs; an env may recur: ``ReplayBuffer.add_steps``): the new slots
+        get the max priority; their leaves (and those of the starts that the add made drawable) are refreshed at the
+        next sample or update."""
         env = env_ids.to("cpu", torch.int64)
         w = write_counts_before.to("cpu", torch.int64)
         new = self._leaves(env, w)

@@ -133,9 +133,10 @@ class HostPrioritizedSampler(PrioritizedSampler):
             self._min.update_host(leaves, np.where(drawable, values, np.inf), validate=False)
 
     def on_add(self, storage: RingBuffer, env_ids: torch.Tensor, write_counts_before: torch.Tensor) -> None:
-        """``storage.add`` wrote one step to each of ``env_ids`` ``[B]`` (unique) at the absolute indices
-        ``write_counts_before`` ``[B]``: the new slots get the max priority; their leaves (and those of the starts
-        that the add made drawable) are refreshed at the next sample or update."""
+        """``storage.add`` wrote one step to each of ``env_ids`` ``[N]`` at the absolute indices
+        ``write_counts_before`` ``[N]`` (distinct pairs; an env may recur: ``ReplayBuffer.add_steps``): the new slots
+        get the max priority; their leaves (and those of the starts that the add made drawable) are refreshed at the
+        next sample or update."""
         env, w = host_array(env_ids, torch.int64), host_array(write_counts_before, torch.int64)
         new = env * self.capacity + w % self.capacity
         self._assigned_np[new] = self._max_np
