@@ -234,7 +234,7 @@ class SampledReplayTraining(ReplayTraining):
             self.last_actions = sample.batch.action, sample.batch.step_type
 
     def _train_presampled(self) -> None:
-        """``TrainerConfig.presample_mini_batches``: the iteration's mini-batches drawn in one call, their priorities
+        """``Trainer.presample_mini_batches``: the iteration's mini-batches drawn in one call, their priorities
         written back in one, after the last update (in update order: a start drawn twice takes the later one)."""
         sample = sample_batch(self.replay, self.transformer, self.settings.mini_batch_size,
                               self.settings.mini_batch_length, num_batches=self.num_updates)

@@ -1,4 +1,4 @@
-"""Several mini-batches drawn in one sampler call (``TrainerConfig.presample_mini_batches``): each block of a
+"""Several mini-batches drawn in one sampler call (``Trainer.presample_mini_batches``): each block of a
 prioritized draw is stratified and weighted on its own, the host (numpy) and torch code draw the same bits, uniform
 blocks are uniform, and the training step makes one update per block and one priority write in update order.
 (``Trainer.presample_mini_batches``.)"""

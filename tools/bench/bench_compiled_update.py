@@ -9,7 +9,7 @@ ones compile: the time is printed). Then ``--blocks`` rounds of ``--updates`` up
 the median microseconds per update with the ratio eager / compiled. Inductor is the backend (``compile_mode=
 'default'``); a second run of this script compiles from inductor's on-disk cache. For SAC the update's FLOP floor
 (``sac_update_floor.py``: its matmul FLOPs at the measured rate of its dominant matmul) is measured in the same run,
-right after, and each update's fraction of it printed.
+right after, and each update's fraction of it printed; for DQN likewise (``dqn_floor_us``).
 """
 from __future__ import annotations
 
@@ -69,6 +69,28 @@ def sac_floor_us(threads: int, batch: int = 256, hidden: int = 256) -> float:
     return flops / sac_update_floor.matmul_rate(hidden, batch) * 1e6
 
 
+def dqn_floor_us(threads: int, batch: int = 64, hidden: int = 256, obs_dim: int = 4, num_actions: int = 2) -> float:
+    """The DQN update's FLOP floor in microseconds at ``threads``: its matmul FLOPs (three forward passes: the Q
+    network on the sampled step and on the next one (double Q), the target network on the next one; the backward of
+    the first: weight and input gradients, but only the weight gradient of the first layer) over the measured rate of
+    its dominant matmul, ``[batch, hidden] @ [hidden, hidden]``."""
+    torch.set_num_threads(threads)
+    layers = [(obs_dim, hidden), (hidden, hidden), (hidden, num_actions)]
+    forward = sum(a * b for a, b in layers)
+    backward = layers[0][0] * layers[0][1] + 2 * sum(a * b for a, b in layers[1:])
+    flops = 2.0 * batch * (3 * forward + backward)
+    a, b = torch.randn(batch, hidden), torch.randn(hidden, hidden)
+    for _ in range(50):
+        torch.mm(a, b)
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < 2.0:
+        for _ in range(100):
+            torch.mm(a, b)
+        n += 100
+    rate = n * 2.0 * batch * hidden * hidden / (time.perf_counter() - start)
+    return flops / rate * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algos", nargs="+", default=["sac", "dqn"], choices=["sac", "dqn"])
@@ -97,10 +119,9 @@ def main() -> None:
             print(f"[{algo}, {threads} thread(s)] us per update, median of {args.blocks}: eager {med['eager']:.0f}, "
                   f"whole update {med['update']:.0f} ({med['eager'] / med['update']:.2f}x), loss only "
                   f"{med['loss']:.0f} ({med['eager'] / med['loss']:.2f}x)", flush=True)
-            if algo == "sac":
-                floor_us = sac_floor_us(threads)
-                print(f"[sac, {threads} thread(s)] FLOP floor {floor_us:.0f} us: eager at "
-                      f"{floor_us / med['eager']:.0%}, whole update at {floor_us / med['update']:.0%}", flush=True)
+            floor_us = sac_floor_us(threads) if algo == "sac" else dqn_floor_us(threads)
+            print(f"[{algo}, {threads} thread(s)] FLOP floor {floor_us:.0f} us: eager at "
+                  f"{floor_us / med['eager']:.0%}, whole update at {floor_us / med['update']:.0%}", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ For each layout (envs x steps per env, a full ring), times in the same run:
   * update: ``ReplayBuffer.update_priorities`` of ``batch`` sampled starts vs numpy direct assignment
     ``p[leaves] = (priority + eps) ** alpha``.
   * update, written back: ``--write_back`` mini-batches drawn in one call, their priorities written back in one
-    (``TrainerConfig.presample_mini_batches``), per mini-batch; the numpy peer assigns the same entries directly.
+    (``Trainer.presample_mini_batches``), per mini-batch; the numpy peer assigns the same entries directly.
   * add + sample: one ``ReplayBuffer.add`` to every env (storage add + the sampler's ``on_add``), then a sample (the
     sampler refreshes the leaves an add dirtied in one batch at the next sample): the cost per iteration of a loop that
     adds one step per env and samples once (SAC's). The numpy peer's add is two direct assignments.
@@ -205,7 +205,7 @@ def bench_layout(num_envs: int, capacity: int, batch: int, length: int, calls: i
 
 def bench_write_back(sampler: PrioritizedSampler, buffer: ReplayBuffer, peer: NumpyPrioritized, batch: int,
                      length: int, num_batches: int, blocks: int) -> dict:
-    """``TrainerConfig.presample_mini_batches``'s pattern (DQN's conf: 128 updates per iteration): ``num_batches``
+    """``Trainer.presample_mini_batches``'s pattern (DQN's conf: 128 updates per iteration): ``num_batches``
     mini-batches drawn in one call, then all their priorities written back in one ``update_priorities``. Returns the
     medians per mini-batch (ms): ``update_write_back`` and the numpy peer's direct assignment of the same entries,
     ``update_write_back_numpy``. Each timed write-back gets a fresh draw (positions spread over the buffer, as in

@@ -62,14 +62,23 @@ PYTHON = {"alfish": sys.executable, "sb3": sys.executable, "sbx": None}
 
 #: Extra gin bindings for alfish's runs (``--alfish_param``), e.g. a compile mode to measure.
 ALFISH_PARAMS: list[str] = []
+#: ``--compiled``: an "alfish_compiled" column, alfish with the whole update compiled (``Learner.compile_scope``'s CPU
+#: default) and, where an iteration runs many updates from a replay buffer, its mini-batches presampled.
+COMPILED_PARAMS = ["Learner.compile_mode='default'"]
+PRESAMPLED = ("dqn", "dqn_noper", "dqn_plain")
+VARIANTS: list[str] = ["alfish"]  # the alfish columns: "alfish", and "alfish_compiled" with --compiled
 
 
 def run(framework: str, algo: str, steps: int, setting: str = "identical", eval_every: int = 0,
         threads: int = 0) -> dict:
+    params = list(ALFISH_PARAMS)
+    if framework == "alfish_compiled":
+        framework = "alfish"
+        params += COMPILED_PARAMS + (["Trainer.presample_mini_batches=True"] if algo in PRESAMPLED else [])
     cmd = [PYTHON[framework], os.path.join(HERE, "run_one.py"), "--framework", framework, "--algo", algo,
            "--steps", str(steps), "--setting", setting, "--eval_every", str(eval_every), "--threads", str(threads)]
     if framework == "alfish":
-        cmd += [arg for param in ALFISH_PARAMS for arg in ("--param", param)]
+        cmd += [arg for param in params for arg in ("--param", param)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -107,17 +116,24 @@ def check_sbx_python(path: str | None) -> str:
 
 def measure_throughput(algo: str, peers: list[str], threads: int, repeats: int) -> dict[str, float]:
     """Median env steps/s per framework over ``repeats`` runs, alternating the frameworks; prints them."""
-    frameworks = ["alfish"] + [p for p in peers if p != "sbx" or algo in SBX_ALGOS]
+    peer_names = [p for p in peers if p != "sbx" or algo in SBX_ALGOS]
+    frameworks = VARIANTS + peer_names
     rates = {fw: [] for fw in frameworks}
+    compile_s: list[float] = []
     steps = SPEC[algo]["throughput_steps"]
     for _ in range(repeats):
         for fw in frameworks:
             r = run(fw, algo, steps, threads=threads)
-            rates[fw].append(r["steps"] / r["learn_s"])
+            # compiled: timed after compiling, as SBX after its JIT warm-up (the compile time is printed)
+            compiling = r.get("compile_s", 0.0) if fw == "alfish_compiled" else 0.0
+            compile_s += [compiling] if fw == "alfish_compiled" else []
+            rates[fw].append(r["steps"] / (r["learn_s"] - compiling))
     med = {fw: statistics.median(v) for fw, v in rates.items()}
     setting = setting_name(threads)
     figures = "  ".join(f"{fw} {med[fw]:.0f}" for fw in frameworks)
-    ratios = "  ".join(f"alfish/{fw} {med['alfish'] / med[fw]:.2f}" for fw in frameworks[1:])
+    ratios = "  ".join(f"{variant}/{fw} {med[variant] / med[fw]:.2f}" for variant in VARIANTS for fw in peer_names)
+    if compile_s:
+        ratios += f"  (alfish_compiled: compile time {[round(x, 1) for x in compile_s]} s, left out)"
     every = ", ".join(f"{fw} {[round(x) for x in v]}" for fw, v in rates.items())
     print(f"[{algo}, {setting}] env steps/s over {steps} steps, median of {repeats}: {figures}  {ratios}  "
           f"(all: {every})" + ("  (SBX after its JIT warm-up)" if "sbx" in frameworks else ""), flush=True)
@@ -159,13 +175,14 @@ def compare_learning(algo: str, peers: list[str], threads: int, summary: dict) -
 
 def table(rows: list[tuple[str, str, dict[str, float]]], peers: list[str]) -> str:
     """The markdown table of every (algorithm, threads, medians): env steps/s per framework and alfish's ratios."""
-    names = {"sb3": "SB3", "sbx": "SBX"}
-    head = ["algorithm", "threads", "alfish env steps/s"] + [f"{names[p]} env steps/s" for p in peers] + \
-        [f"alfish / {names[p]}" for p in peers]
+    names = {"sb3": "SB3", "sbx": "SBX", "alfish": "alfish", "alfish_compiled": "alfish compiled"}
+    head = ["algorithm", "threads"] + [f"{names[v]} env steps/s" for v in VARIANTS] + \
+        [f"{names[p]} env steps/s" for p in peers] + [f"{names[v]} / {names[p]}" for v in VARIANTS for p in peers]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for algo, setting, med in rows:
-        cells = [algo, setting, f"{med['alfish']:.0f}"] + [f"{med[p]:.0f}" if p in med else "" for p in peers] + \
-            [f"{med['alfish'] / med[p]:.2f}" if p in med else "" for p in peers]
+        cells = [algo, setting] + [f"{med[v]:.0f}" for v in VARIANTS] + \
+            [f"{med[p]:.0f}" if p in med else "" for p in peers] + \
+            [f"{med[v] / med[p]:.2f}" if p in med else "" for v in VARIANTS for p in peers]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -184,11 +201,16 @@ def main() -> None:
                         help="the frameworks alfish is timed against (default: sb3)")
     parser.add_argument("--sbx_python", default=os.environ.get("ALFISH_SBX_PYTHON"),
                         help="the python of SBX's own virtual environment (default: $ALFISH_SBX_PYTHON)")
+    parser.add_argument("--compiled", action="store_true",
+                        help="also time alfish with the whole update compiled (and DQN's mini-batches presampled), "
+                             "compile time left out as SBX's JIT warm-up is")
     parser.add_argument("--alfish_param", action="append", default=[],
                         help="an extra gin binding for alfish's runs (repeatable), e.g. "
                              "\"Learner.compile_mode='default'\"")
     args = parser.parse_args()
     ALFISH_PARAMS.extend(args.alfish_param)
+    if args.compiled:
+        VARIANTS.append("alfish_compiled")
     if args.alfish_param:
         print(f"alfish runs with {args.alfish_param}", flush=True)
     if "sbx" in args.peers:

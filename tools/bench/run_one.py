@@ -66,6 +66,9 @@ def run_alfish(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
     trainer.run()
     learn_s = time.perf_counter() - start
+    # seconds torch.compile spent compiling in the run (0 when eager: dynamo never loaded), by dynamo's own account
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    compile_s = sum(dynamo.compilation_time_metrics.get("_compile.compile_inner", [])) if dynamo else 0.0
     evals = []
     log = os.path.join(root, "eval_log.jsonl")
     if os.path.exists(log):
@@ -73,7 +76,7 @@ def run_alfish(args: argparse.Namespace) -> dict:
         for line in open(log):
             rec = json.loads(line)
             evals.append((rec["env_steps"], rec["elapsed_s"] - offset, rec["average_return"]))
-    return dict(steps=trainer.counters.env_steps, learn_s=learn_s, evals=evals)
+    return dict(steps=trainer.counters.env_steps, learn_s=learn_s, evals=evals, compile_s=compile_s)
 
 
 def make_sb3(args: argparse.Namespace, library: str = "sb3"):
