@@ -151,7 +151,10 @@ class SyncCollector(Collector):
         pending: list[Experience] = []
 
         def write() -> None:
-            self._sink.add_steps(nest.stack(pending, dim=1))
+            if len(pending) == 1:  # (an unroll of one step, SAC's: no stacking)
+                self._sink.add(pending[0])
+            else:
+                self._sink.add_steps(nest.stack(pending, dim=1))
             pending.clear()
 
         def store(step: Experience) -> None:

@@ -89,14 +89,21 @@ class StepRecorder:
         self.buffer.add_steps(exp)
 
 
-def test_the_sync_collector_writes_chunks_that_store_what_per_step_writes_store():
+TOTAL_STEPS = WRITE_CHUNK_STEPS * 2 + 7
+
+
+@pytest.mark.parametrize("steps_per_collect, writes_per_collect", [
+    (TOTAL_STEPS, {"add": 0, "add_steps": 3}),  # two full chunks and a partial one
+    (1, {"add": 1, "add_steps": 0}),  # an unroll of one step (SAC's) is written as it is, without stacking
+])
+def test_the_sync_collector_writes_chunks_that_store_what_per_step_writes_store(steps_per_collect, writes_per_collect):
     from alfish.algorithms.dqn import DqnAlgorithm  # (the policy only acts: epsilon 1 with a seeded generator)
     from alfish.collect.collector import ProgressPoint
     from alfish.envs.batched_env import BatchedEnv
     from alfish.transforms.base import SequentialDataTransformer
 
     gin.clear_config()
-    num_steps = WRITE_CHUNK_STEPS * 2 + 7  # two full chunks and a partial one
+    collects = TOTAL_STEPS // steps_per_collect
     stored = []
     for chunked in (True, False):
         env = BatchedEnv("CartPole-v1", 2, seed=5)
@@ -106,15 +113,15 @@ def test_the_sync_collector_writes_chunks_that_store_what_per_step_writes_store(
         sink = StepRecorder(ReplayBuffer(RingBuffer(2, 1000), UniformSampler()))
         collector.start(algorithm, SequentialDataTransformer([]), sink, seed=5, progress=ProgressPoint(0, 0, 0.0))
         if chunked:
-            collector.collect(num_steps)
-            assert sink.calls == {"add": 0, "add_steps": 3}
+            for _ in range(collects):
+                collector.collect(steps_per_collect)
+            assert sink.calls == {kind: n * collects for kind, n in writes_per_collect.items()}
         else:  # the unroll loop itself, one write per step
             with torch.inference_mode():
-                collector.unroller.unroll(num_steps, sink.add)
-            assert sink.calls == {"add": num_steps, "add_steps": 0}
+                collector.unroller.unroll(TOTAL_STEPS, sink.add)
         stored.append(sink.buffer.storage.state_dict())
         collector.close()
-    assert torch.equal(stored[0]["write_count"], torch.full((2,), num_steps))
+    assert torch.equal(stored[0]["write_count"], torch.full((2,), TOTAL_STEPS))
     assert all(torch.equal(x, y) for x, y in zip(stored[0]["leaves"], stored[1]["leaves"]))
     episode_starts = (stored[0]["leaves"][0] == 0).sum()  # step_type FIRST: several episodes ran (not a constant)
     assert episode_starts >= 4
