@@ -74,8 +74,10 @@ class Learner:
             (described above). ``None`` (default): ``'update'`` when training on the CPU, ``'loss'`` on a GPU (where
             the compiled loss with CUDA graphs is the path proven by ``gpu_check``; the whole update there has not
             run on a GPU yet). Where the whole update cannot be compiled (DDP, AMP, an optimizer other than
-            Adam/AdamW) ``'update'`` compiles the loss only, after one warning saying why. If compiling the whole
-            update fails, training goes on eagerly after one warning.
+            Adam/AdamW), ``None`` on the CPU trains eagerly (the loss compiled alone measured 0.86-1.01x eager
+            there: ``tools/bench/bench_compiled_update.py``) and ``'update'`` compiles the loss only, each after
+            one warning saying why. If compiling the whole update fails, training goes on eagerly after one
+            warning.
 
     Attributes:
         optimizer: what ``optimizer_config.build`` made (``OptimizerConfig.name``) from the algorithm's groups
@@ -239,13 +241,20 @@ class Learner:
         if backend not in (None, "inductor") and mode != "default":
             raise OneLineValueError(f"Learner.compile_mode={mode!r} is a mode of the inductor backend, which "
                                     f"compile_backend={backend!r} would ignore: use compile_mode='default' with it")
-        if scope is None:
+        by_device = scope is None
+        if by_device:
             scope = "update" if self.device.type == "cpu" else "loss"
         if scope == "update":
             reason = unsupported_reason(self.optimizer, self.dist.enabled, self.amp.enabled)
             if reason is None:
                 self._whole = WholeUpdate(self.loss_module, self.optimizer, self.optimizer_config, mode,
                                           backend or "inductor")
+                return None
+            if by_device:  # the CPU's choice: the loss module alone compiled is no faster there than eager
+                logging.warning("Learner.compile_mode=%r cannot compile the whole update here (%s), and on the CPU "
+                                "the loss module compiled alone is no faster than eager "
+                                "(tools/bench/bench_compiled_update.py): eager updates (compile_scope='loss' "
+                                "compiles it anyway)", mode, reason)
                 return None
             logging.warning("Learner.compile_scope='update' cannot compile the whole update here (%s): compiling "
                             "the loss module only (compile_scope='loss')", reason)

@@ -108,11 +108,25 @@ def test_a_non_finite_loss_changes_nothing_and_is_named():
     assert all(torch.equal(v, state[k]) for k, v in whole.optimizer.state[whole.algorithm.w].items())
 
 
-def test_where_the_whole_update_does_not_apply_the_loss_is_compiled_after_one_warning(caplog):
+def test_where_the_whole_update_does_not_apply_the_cpu_default_trains_eagerly_after_one_warning(caplog):
     with caplog.at_level(logging.WARNING):
         sgd = Learner(Toy(), OptimizerConfig(name="sgd"), compile_mode="default", compile_backend="aot_eager")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Learner.compile_mode='default' cannot compile the whole update here (it writes the Adam and AdamW steps "
+        "only, not SGD's), and on the CPU the loss module compiled alone is no faster than eager "
+        "(tools/bench/bench_compiled_update.py): eager updates (compile_scope='loss' compiles it anyway)"]
+    assert sgd._whole is None and sgd._compiled is None
+    w = sgd.algorithm.w.detach().clone()
+    sgd.update(batch())
+    assert not torch.equal(sgd.algorithm.w, w) and sgd.compile_stats() is None  # (eager: no compiled object)
+
+
+def test_where_the_whole_update_does_not_apply_scope_update_compiles_the_loss_after_one_warning(caplog):
+    with caplog.at_level(logging.WARNING):
+        sgd = Learner(Toy(), OptimizerConfig(name="sgd"), compile_mode="default", compile_backend="aot_eager",
+                      compile_scope="update")
         amp = Learner(Toy(), OptimizerConfig(), amp=AmpPolicy(True, "cpu", "bfloat16"), compile_mode="default",
-                      compile_backend="aot_eager")
+                      compile_backend="aot_eager", compile_scope="update")
     assert [r.getMessage() for r in caplog.records] == [
         "Learner.compile_scope='update' cannot compile the whole update here (it writes the Adam and AdamW steps "
         "only, not SGD's): compiling the loss module only (compile_scope='loss')",
@@ -155,7 +169,8 @@ def test_a_torch_whose_dynamo_cannot_trace_the_gradients_compiles_the_loss_only(
     # alfish.DETECTED_TORCH_FEATURES: without trace_autograd_ops the whole update cannot be one graph
     monkeypatch.setattr(whole_update, "dynamo_traces_gradients", lambda: False)
     with caplog.at_level(logging.WARNING):
-        learner = Learner(Toy(), OptimizerConfig(), compile_mode="default", compile_backend="aot_eager")
+        learner = Learner(Toy(), OptimizerConfig(), compile_mode="default", compile_backend="aot_eager",
+                          compile_scope="update")
     assert learner._whole is None and learner._compiled is not None
     assert [r.getMessage() for r in caplog.records] == [
         f"Learner.compile_scope='update' cannot compile the whole update here (torch {torch.__version__}'s dynamo "

@@ -34,12 +34,14 @@ def test_the_table_has_a_column_and_a_ratio_per_peer_and_leaves_an_algorithm_a_p
 def test_the_compiled_variant_gets_its_own_columns_and_ratios(monkeypatch):
     module = bench("bench_vs_sb3")
     monkeypatch.setattr(module, "VARIANTS", ["alfish", "alfish_compiled"])
-    rows = [("sac", "default threads", {"alfish": 100.0, "alfish_compiled": 125.0, "sb3": 80.0, "sbx": 100.0})]
+    rows = [("sac", "default threads", {"alfish": 100.0, "alfish_compiled": 125.0, "sb3": 80.0, "sbx": 100.0}),
+            ("a2c", "default threads", {"alfish": 3000.0, "sb3": 2000.0})]  # nothing to compile; SBX has no A2C
     lines = module.table(rows, ["sb3", "sbx"]).splitlines()
     assert lines[0] == ("| algorithm | threads | alfish env steps/s | alfish compiled env steps/s | SB3 env steps/s | "
                         "SBX env steps/s | alfish / SB3 | alfish / SBX | alfish compiled / SB3 | "
                         "alfish compiled / SBX |")
     assert lines[2] == "| sac | default threads | 100 | 125 | 80 | 100 | 1.25 | 1.00 | 1.56 | 1.25 |"
+    assert lines[3] == "| a2c | default threads | 3000 |  | 2000 |  | 1.50 |  |  |  |"
 
 
 def test_sbx_without_its_environment_is_a_one_line_error_that_says_how_to_make_one(tmp_path):

@@ -66,6 +66,8 @@ ALFISH_PARAMS: list[str] = []
 #: default) and, where an iteration runs many updates from a replay buffer, its mini-batches presampled.
 COMPILED_PARAMS = ["Learner.compile_mode='default'"]
 PRESAMPLED = ("dqn", "dqn_noper", "dqn_plain")
+#: A2C builds its loss while unrolling (on-policy with gradients): nothing to compile (the Learner refuses it).
+NOT_COMPILED = ("a2c",)
 VARIANTS: list[str] = ["alfish"]  # the alfish columns: "alfish", and "alfish_compiled" with --compiled
 
 
@@ -117,7 +119,7 @@ def check_sbx_python(path: str | None) -> str:
 def measure_throughput(algo: str, peers: list[str], threads: int, repeats: int) -> dict[str, float]:
     """Median env steps/s per framework over ``repeats`` runs, alternating the frameworks; prints them."""
     peer_names = [p for p in peers if p != "sbx" or algo in SBX_ALGOS]
-    frameworks = VARIANTS + peer_names
+    frameworks = [v for v in VARIANTS if v != "alfish_compiled" or algo not in NOT_COMPILED] + peer_names
     rates = {fw: [] for fw in frameworks}
     compile_s: list[float] = []
     steps = SPEC[algo]["throughput_steps"]
@@ -131,7 +133,8 @@ def measure_throughput(algo: str, peers: list[str], threads: int, repeats: int) 
     med = {fw: statistics.median(v) for fw, v in rates.items()}
     setting = setting_name(threads)
     figures = "  ".join(f"{fw} {med[fw]:.0f}" for fw in frameworks)
-    ratios = "  ".join(f"{variant}/{fw} {med[variant] / med[fw]:.2f}" for variant in VARIANTS for fw in peer_names)
+    ratios = "  ".join(f"{variant}/{fw} {med[variant] / med[fw]:.2f}" for variant in VARIANTS if variant in med
+                       for fw in peer_names)
     if compile_s:
         ratios += f"  (alfish_compiled: compile time {[round(x, 1) for x in compile_s]} s, left out)"
     every = ", ".join(f"{fw} {[round(x) for x in v]}" for fw, v in rates.items())
@@ -180,9 +183,9 @@ def table(rows: list[tuple[str, str, dict[str, float]]], peers: list[str]) -> st
         [f"{names[p]} env steps/s" for p in peers] + [f"{names[v]} / {names[p]}" for v in VARIANTS for p in peers]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     for algo, setting, med in rows:
-        cells = [algo, setting] + [f"{med[v]:.0f}" for v in VARIANTS] + \
+        cells = [algo, setting] + [f"{med[v]:.0f}" if v in med else "" for v in VARIANTS] + \
             [f"{med[p]:.0f}" if p in med else "" for p in peers] + \
-            [f"{med[v] / med[p]:.2f}" if p in med else "" for v in VARIANTS for p in peers]
+            [f"{med[v] / med[p]:.2f}" if p in med and v in med else "" for v in VARIANTS for p in peers]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
