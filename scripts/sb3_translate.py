@@ -23,7 +23,10 @@ BOOKKEEPING = {
                       "whole_replay_buffer_training", "mini_batch_length", "clear_replay_buffer", "algorithm_ctor",
                       "data_transformer_ctor", "unroll_length", "mini_batch_size", "num_updates_per_train_iter",
                       "replay_buffer_length", "initial_collect_steps", "summarize_first_interval"},
-    "Trainer": {"random_warm_up_actions", "num_threads", "stop_value", "progress_log_interval_s"},
+    "Trainer": {"random_warm_up_actions", "num_threads", "stop_value", "progress_log_interval_s",
+                "presample_mini_batches"},
+    # how alfish runs the same arithmetic (a compiled update, presampled mini-batches): speed, not hyperparameters
+    "Learner": {"compile_mode", "compile_scope", "compile_backend"},
     "create_environment": {"env_name", "num_parallel_environments"},
     "ObservationNormalizer": {"clip_value", "update_mode"},
     "RewardNormalizer": {"clip_value", "gamma"},
