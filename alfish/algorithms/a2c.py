@@ -54,9 +54,20 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
         self.value_loss_coef, self.entropy_coef = value_loss_coef, TracedValue(entropy_coef)  # read by the loss
         self.normalize_advantages = normalize_advantages
 
+    recomputes_rollout_info = True  # (not recurrent: each step's info is a function of its observation and action)
+
     def _act(self, obs: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, Any]:
         out = self.net.act(self.network_input(obs), greedy)
         return out.action, A2cRolloutInfo(out.log_prob, out.entropy, out.value)
+
+    def recompute_rollout_info(self, exp: Experience) -> Experience:
+        """The log-probs, entropies and values ``[T+1, B]`` of the unroll's observations and actions, with gradients,
+        in one forward pass (the last row's action was computed but not taken: only its value is read)."""
+        length, batch = exp.step_type.shape[:2]
+        out = self.net.evaluate(self.steps(self.network_input(exp.observation, batch_dims=2), slice(None)),
+                                exp.action.flatten(0, 1))
+        info = A2cRolloutInfo(*(x.view(length, batch) for x in (out.log_prob, out.entropy, out.value)))
+        return exp._replace(rollout_info=info)
 
     def loss_terms(self, exp: Experience) -> dict[str, torch.Tensor]:
         """Per-step terms ``[T, B]`` (with gradients) of the unroll ``[T+1, B]``: policy gradient, value, entropy;

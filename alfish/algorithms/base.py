@@ -396,9 +396,21 @@ class UpdateCounter:
 
 class OnPolicyAlgorithm(RLAlgorithm):
     """Trains on the trajectory it just unrolled: ``rollout_step`` runs with gradients and the trainer hands the
-    unroll ``[T+1, B]`` (last row: the bootstrap step, without gradients) straight to ``calc_loss``. No replay."""
+    unroll ``[T+1, B]`` (last row: the bootstrap step, without gradients) straight to ``calc_loss``. No replay.
+
+    An algorithm whose rollout infos are a function of the stored observation and action alone may instead unroll
+    without gradients and recompute them in one batched forward pass (``recompute_rollout_info``, as SB3's A2C
+    evaluates its rollout buffer): the same loss and gradients, one forward and one backward over ``(T+1) * B`` rows
+    instead of ``T+1`` graphs of ``B`` rows."""
 
     on_policy = True
+    #: True when ``recompute_rollout_info`` is implemented (the trainer then unrolls without gradients).
+    recomputes_rollout_info = False
+
+    def recompute_rollout_info(self, exp: Experience) -> Experience:
+        """``exp`` (the unroll ``[T+1, B]``, taken without gradients) with its rollout infos recomputed, with
+        gradients, from its observations and actions."""
+        raise NotImplementedError
 
 
 class OffPolicyAlgorithm(RLAlgorithm):

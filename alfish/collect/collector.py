@@ -83,8 +83,9 @@ class Collector:
         """Collect before training starts (the initial collect steps); default: ``collect``."""
         return self.collect(steps_per_env)
 
-    def collect_trajectory(self, steps_per_env: int) -> Experience:
-        """On-policy: the transformed trajectory ``[steps_per_env + 1, B]`` with gradients (last row bootstraps)."""
+    def collect_trajectory(self, steps_per_env: int, with_grad: bool = True) -> Experience:
+        """On-policy: the transformed trajectory ``[steps_per_env + 1, B]`` with gradients (last row bootstraps), or
+        without (``with_grad=False``: the algorithm recomputes its rollout infos)."""
         raise NotImplementedError(f"{type(self).__name__} cannot unroll with gradients in this process")
 
     def publish_parameters(self, iteration: int, progress: ProgressPoint) -> None:
@@ -166,8 +167,8 @@ class SyncCollector(Collector):
         if pending:
             write()
 
-    def collect_trajectory(self, steps_per_env: int) -> Experience:
-        return self.unroller.unroll_on_policy(steps_per_env)
+    def collect_trajectory(self, steps_per_env: int, with_grad: bool = True) -> Experience:
+        return self.unroller.unroll_on_policy(steps_per_env, with_grad)
 
     def close(self) -> None:
         self.env.close()

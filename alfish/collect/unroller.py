@@ -156,11 +156,14 @@ class Unroller:
             for _ in range(num_steps):
                 store(self.step(store_transformed, random_actions))
 
-    def unroll_on_policy(self, num_steps: int) -> Experience:
-        """Unroll with gradients and return the transformed trajectory ``[num_steps + 1, B]``; the last row is the
-        current step with its rollout info computed without gradients (it only bootstraps; its action is not taken)."""
+    def unroll_on_policy(self, num_steps: int, with_grad: bool = True) -> Experience:
+        """Unroll with gradients (or, ``with_grad=False``, under ``torch.no_grad``: the algorithm recomputes its
+        rollout infos) and return the transformed trajectory ``[num_steps + 1, B]``; the last row is the current step
+        with its rollout info computed without gradients (it only bootstraps; its action is not taken)."""
         steps: list[Experience] = []
-        self.unroll(num_steps, steps.append, with_grad=True, store_transformed=True)
+        with contextlib.nullcontext() if with_grad else torch.no_grad():  # (not inference mode: the trajectory's
+            # tensors enter the recomputed forward pass, which autograd saves)
+            self.unroll(num_steps, steps.append, with_grad=True, store_transformed=True)
         with torch.no_grad():
             seen = self.seen()
             alg_step = self.algorithm.rollout_step(seen, self._state_at(seen))

@@ -58,8 +58,9 @@ class TrainerConfig:
         unroll_length: env steps per env per iteration; a fraction < 1 means one step every 1/unroll_length
             iterations.
         unroll_with_grad: ALF's switch for gradients through the unroll; here implied by the algorithm (on-policy ones
-            always unroll with gradients), and True with an off-policy algorithm is refused (stored steps would keep
-            autograd graphs).
+            train on the unroll's own rollout infos: with gradients, or recomputed with gradients in one batched
+            pass, as A2C does), and True with an off-policy algorithm is refused (stored steps would keep autograd
+            graphs).
         async_unroll: step the envs in a child process (with a copy of the rollout policy) feeding a bounded queue
             while this process trains; off-policy algorithms only. With unroll_length > 0 each iteration takes
             exactly that many steps per env from the queue (waiting for them); with unroll_length == 0 it takes

@@ -160,11 +160,16 @@ class OnPolicyTraining(TrainingStep):
     def _collect_and_train(self, steps_per_env: int) -> int:
         # The unroll is the update's forward: it runs in the update's contexts (output hooks on diagnosed updates,
         # and the AMP policy's autocast, so the graph the loss backpropagates through is built in its precision).
+        # An algorithm that recomputes its rollout infos unrolls without gradients and runs its forward pass on the
+        # whole trajectory at once (OnPolicyAlgorithm.recompute_rollout_info).
+        recompute = self.algorithm.recomputes_rollout_info
         with self.learner.capturing_outputs(), self.learner.loss_context():
             start = time.monotonic()
-            trajectory = self.collector.collect_trajectory(steps_per_env)
+            trajectory = self.collector.collect_trajectory(steps_per_env, with_grad=not recompute)
             self.timing["unroll_s"] = time.monotonic() - start
             merge_statistics_across_ranks(self.transformer, self.learner.dist)
+            if recompute:
+                trajectory = self.algorithm.recompute_rollout_info(trajectory)
             loss_info = self.algorithm.calc_loss(trajectory, None)
         self.learner.apply(loss_info)
         self.last_actions = trajectory.action, trajectory.step_type
