@@ -54,6 +54,10 @@ class Algorithm(nn.Module):
     #: SB3's early stop of an iteration's epochs (whole-buffer training, ``approx_kl(exp)`` above ``1.5 *
     #: target_kl``); ``None``: no check. PPO sets it from ``PpoAlgorithm.target_kl``.
     target_kl: Optional[float] = None
+    #: How training corrects for data acted by older parameters than the ones it trains (an asynchronous unroll):
+    #: ``'vtrace'`` (``alfish.losses.vtrace``); ``None``: no correction, which whole-buffer training (PPO) refuses
+    #: with ``TrainerConfig.async_unroll`` (replay algorithms learn off-policy by construction and need none).
+    off_policy_correction: Optional[str] = None
     #: Add ``debug/...`` statistics (``alfish.algorithms.debug_stats``) to ``calc_loss``'s lazy terms; the trainer sets
     #: it from ``TrainerConfig.debug_summaries`` at assembly. Read only when the terms are evaluated (a summary).
     debug_summaries: bool = False

@@ -29,6 +29,7 @@ from alfish.algorithms.sde_actor_critic import SdeActorCriticNetworks
 from alfish.data import nest
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
+from alfish.losses.vtrace import VTraceSettings, vtrace_returns
 from alfish.networks.initialization import init_policy_value
 from alfish.networks.sde import check_sde_options
 from alfish.schedulers import Scheduler, TracedValue
@@ -91,6 +92,15 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
             episode's start and at each training iteration's rollout start).
         log_std_init: gSDE: initial log of the noise's sigma ``[latent_dim, action_dim]``; ``None``: SB3's 0 for PPO.
         full_std: gSDE: one sigma per (latent unit, action dim); ``False``: one per latent unit.
+        off_policy_correction: ``'vtrace'``: the value targets and advantages are V-trace's (``alfish.losses.vtrace``:
+            ``value_target`` and ``advantage``, the latter leaving each step's own importance weight to the
+            surrogate's ratio; ``gae_lambda`` as its lambda), from the log-probabilities and values of the current
+            parameters, computed once per iteration before the epochs: data acted by older parameters
+            (``TrainerConfig.async_unroll``) is corrected. The surrogate's ratio stays relative to the acting
+            policy's stored log-probabilities. On data the current parameters acted: GAE's values (one more forward
+            pass over the buffer, without gradient). ``None`` (default): GAE from the stored values, and an
+            asynchronous unroll is refused.
+        vtrace_clip_rho, vtrace_clip_c: V-trace's truncation levels rho-bar and c-bar (IMPALA's 1 and 1).
     """
 
     trains_recurrent_steps_alone = True  # (temporally_independent_train_step=True: each step from its stored state)
@@ -103,8 +113,17 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
                  value_network_ctor: Optional[Callable[..., nn.Module]] = None,
                  clip_range_vf: Optional[float | Scheduler] = None, target_kl: Optional[float] = None,
                  ortho_init: Optional[bool] = None, use_sde: bool = False, sde_sample_freq: int = -1,
-                 log_std_init: Optional[float] = None, full_std: bool = True):
+                 log_std_init: Optional[float] = None, full_std: bool = True,
+                 off_policy_correction: Optional[str] = None, vtrace_clip_rho: float = 1.0, vtrace_clip_c: float = 1.0):
         super().__init__(observation_space, action_space)
+        if off_policy_correction not in (None, "vtrace"):
+            raise ValueError(f"PpoAlgorithm.off_policy_correction={off_policy_correction!r}: use 'vtrace', or None for "
+                             "none")
+        if not (vtrace_clip_rho > 0 and vtrace_clip_c > 0):
+            raise ValueError(f"PpoAlgorithm.vtrace_clip_rho={vtrace_clip_rho} and vtrace_clip_c={vtrace_clip_c} "
+                             "must be > 0 (IMPALA's 1 and 1)")
+        self.off_policy_correction, self.vtrace_clip_rho, self.vtrace_clip_c = \
+            off_policy_correction, vtrace_clip_rho, vtrace_clip_c
         if target_kl is not None and not target_kl > 0:
             raise ValueError(f"PpoAlgorithm.target_kl={target_kl} must be > 0, or None for no early stop")
         check_sde_options("PpoAlgorithm", use_sde, sde_sample_freq, log_std_init, full_std)
@@ -176,14 +195,30 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
     def preprocess_experience(self, exp: Experience) -> Experience:
         """``[B, T]`` -> ``[B, T-1]`` with advantages; the newest step of each env only bootstraps."""
         info: PpoRolloutInfo = exp.rollout_info
-        tm = lambda x: x.transpose(0, 1)  # noqa: E731  (GAE runs time-major)
-        adv = generalized_advantage_estimation(tm(exp.reward), tm(info.value), tm(exp.step_type),
-                                               tm(exp.discount), self.gamma, self.gae_lambda).transpose(0, 1)
-        value = info.value[:, :-1]
+        tm = lambda x: x.transpose(0, 1)  # noqa: E731  (the returns run time-major)
+        if self.off_policy_correction == "vtrace":
+            log_prob, values = self._evaluate_stored(exp)  # [B, T] each, under the current parameters
+            out = vtrace_returns(tm(log_prob - info.log_prob), tm(exp.reward), tm(values), tm(exp.step_type),
+                                 tm(exp.discount), VTraceSettings(self.gamma, self.gae_lambda, self.vtrace_clip_rho,
+                                                                  self.vtrace_clip_c, clip_pg_rho=None))
+            value, adv, value_target = values[:, :-1], tm(out.advantage), tm(out.value_target)
+        else:
+            adv = generalized_advantage_estimation(tm(exp.reward), tm(info.value), tm(exp.step_type),
+                                                   tm(exp.discount), self.gamma, self.gae_lambda).transpose(0, 1)
+            value = info.value[:, :-1]
+            value_target = adv + value
         trimmed = nest.map_nest(lambda x: x[:, :-1], exp._replace(rollout_info=EMPTY))
         state = nest.map_nest(lambda x: x[:, :-1], info.state)
-        return trimmed._replace(rollout_info=PpoExperienceInfo(info.log_prob[:, :-1], value, adv, adv + value,
+        return trimmed._replace(rollout_info=PpoExperienceInfo(info.log_prob[:, :-1], value, adv, value_target,
                                                                state))
+
+    def _evaluate_stored(self, exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
+        """The log-probabilities of the stored actions and the values, ``[B, T]`` each, of ``exp`` ``[B, T]`` under
+        the current parameters (no gradient)."""
+        batch, length = exp.step_type.shape
+        with torch.no_grad():
+            out: PpoTrainInfo = self.train_step(nest.map_nest(lambda x: x.transpose(0, 1), exp)).info
+        return out.log_prob.view(length, batch).transpose(0, 1), out.value.view(length, batch).transpose(0, 1)
 
     def train_step(self, exp: Experience, state: Any = EMPTY) -> AlgStep:
         """Log-probs, entropies and values ``[L * B]`` of the mini-batch ``[L, B]``. Recurrent: over time from the

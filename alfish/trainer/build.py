@@ -152,6 +152,7 @@ def _assemble(setup: RunSetup, collector: Collector) -> Trainer:
     transformer, algorithm = build_policy(config, spec)
     algorithm.debug_summaries = config.debug_summaries  # its calc_loss adds debug/... terms (summaries only)
     check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
+    check_lag_correction(config, algorithm)
     if setup.offline_options is not None:
         check_offline_combinations(config, setup.offline_options, algorithm.on_policy, type(algorithm).__name__)
     if options.num_threads == AUTO:
@@ -280,7 +281,8 @@ def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Op
         check_video_support(options.eval_video_format)
     if on_policy and config.async_unroll:
         raise ValueError(f"TrainerConfig.async_unroll=True needs an off-policy algorithm; {name} trains on-policy on "
-                         "the unroll it just made (with gradients), which another process cannot provide")
+                         "the unroll it just made (with gradients), which another process cannot provide (PPO can, "
+                         "with PpoAlgorithm.off_policy_correction='vtrace')")
     rollout_device = DevicePolicy().rollout_device
     evaluates_in_a_child = config.evaluate and config.async_eval
     if not config.async_unroll and not evaluates_in_a_child and rollout_device != "cpu":
@@ -292,6 +294,16 @@ def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Op
         raise ValueError(f"TrainerConfig.unroll_with_grad=True: {name} is off-policy and stores its steps in the "
                          "replay buffer, where autograd graphs must not be kept; set it to False (on-policy "
                          "algorithms always unroll with gradients)")
+
+
+def check_lag_correction(config: TrainerConfig, algorithm: Algorithm) -> None:
+    """Whole-buffer training (PPO) treats the buffer as acted by the parameters it trains; an asynchronous unroll
+    acts with older ones (the policy lag), which needs the algorithm's off-policy correction (V-trace)."""
+    if config.async_unroll and config.whole_replay_buffer_training and algorithm.off_policy_correction is None:
+        name = type(algorithm).__name__
+        raise ValueError(f"TrainerConfig.async_unroll=True with whole_replay_buffer_training=True: {name} would train "
+                         "on steps acted by older parameters as if its own had acted them; set "
+                         f"{name}.off_policy_correction='vtrace' (PpoAlgorithm has it), or async_unroll=False")
 
 
 def _declared_on_policy(config: TrainerConfig) -> Optional[bool]:
