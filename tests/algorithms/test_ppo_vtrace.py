@@ -15,7 +15,7 @@ B, T = 3, 7
 OBS, ACT = gym.spaces.Box(-1.0, 1.0, (4,)), gym.spaces.Discrete(3)
 
 
-def acted_by(ppo: PpoAlgorithm) -> Experience:
+def acted_by(ppo: PpoAlgorithm, action_space: gym.Space = ACT) -> Experience:
     """A batch-major ``[B, T]`` buffer whose actions, log-probs and values ``ppo``'s rollout policy produced, with an
     episode end (a termination) inside it."""
     g = torch.Generator().manual_seed(0)
@@ -29,22 +29,28 @@ def acted_by(ppo: PpoAlgorithm) -> Experience:
     with torch.no_grad():
         step = ppo.rollout_step(TimeStep(step_type=step_type.flatten(), reward=reward.flatten(),
                                          discount=discount.flatten(), observation=obs.flatten(0, 1),
-                                         prev_action=torch.zeros(B * T, dtype=torch.int64),
+                                         prev_action=torch.zeros((B * T,) + action_space.shape),
                                          env_id=torch.arange(B).repeat_interleave(T)))
     info = PpoRolloutInfo(log_prob=step.info.log_prob.view(B, T), value=step.info.value.view(B, T))
     return Experience(step_type=step_type, reward=reward, discount=discount, observation=obs,
-                      action=step.output.view(B, T), env_id=torch.arange(B).unsqueeze(1).expand(B, T),
-                      rollout_info=info)
+                      action=step.output.view((B, T) + action_space.shape),
+                      env_id=torch.arange(B).unsqueeze(1).expand(B, T), rollout_info=info)
 
 
-def ppo(**kwargs) -> PpoAlgorithm:
+def ppo(action_space: gym.Space = ACT, **kwargs) -> PpoAlgorithm:
     torch.manual_seed(0)
-    return PpoAlgorithm(OBS, ACT, hidden_sizes=(16,), gamma=0.9, gae_lambda=0.8, **kwargs)
+    return PpoAlgorithm(OBS, action_space, hidden_sizes=(16,), gamma=0.9, gae_lambda=0.8, **kwargs)
 
 
-def test_on_its_own_data_vtrace_equals_gae():
-    plain, corrected = ppo(), ppo(off_policy_correction="vtrace")
-    exp = acted_by(plain)
+@pytest.mark.parametrize("action_space, kwargs", [
+    (ACT, {}),
+    (gym.spaces.Box(-1.0, 1.0, (2,)), {}),
+    (gym.spaces.Box(-1.0, 1.0, (2,)), dict(use_sde=True)),
+    (gym.spaces.MultiDiscrete([3, 2]), {}),
+], ids=["discrete", "gaussian", "gsde", "multi_discrete"])
+def test_on_its_own_data_vtrace_equals_gae(action_space, kwargs):
+    plain, corrected = ppo(action_space, **kwargs), ppo(action_space, off_policy_correction="vtrace", **kwargs)
+    exp = acted_by(plain, action_space)
     gae, vtrace = plain.preprocess_experience(exp), corrected.preprocess_experience(exp)
     assert vtrace.step_type.shape == (B, T - 1)
     for field in ("advantage", "value_target", "value", "log_prob"):
