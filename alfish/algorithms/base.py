@@ -54,9 +54,13 @@ class Algorithm(nn.Module):
     #: SB3's early stop of an iteration's epochs (whole-buffer training, ``approx_kl(exp)`` above ``1.5 *
     #: target_kl``); ``None``: no check. PPO sets it from ``PpoAlgorithm.target_kl``.
     target_kl: Optional[float] = None
-    #: How training corrects for data acted by older parameters than the ones it trains (an asynchronous unroll):
-    #: ``'vtrace'`` (``alfish.losses.vtrace``); ``None``: no correction, which whole-buffer training (PPO) refuses
-    #: with ``TrainerConfig.async_unroll`` (replay algorithms learn off-policy by construction and need none).
+    #: True when the loss takes the stored data as acted by the parameters being trained (PPO: its ratio to the
+    #: stored log-probabilities, GAE from the stored values); replay learners (SAC, DQN, TD3) learn off-policy and
+    #: need nothing. Such an algorithm trains from an asynchronous unroll (older parameters act) only with an
+    #: ``off_policy_correction``.
+    assumes_own_data: bool = False
+    #: How training corrects for data acted by older parameters than the ones it trains: ``'vtrace'``
+    #: (``alfish.losses.vtrace``); ``None``: none.
     off_policy_correction: Optional[str] = None
     #: Add ``debug/...`` statistics (``alfish.algorithms.debug_stats``) to ``calc_loss``'s lazy terms; the trainer sets
     #: it from ``TrainerConfig.debug_summaries`` at assembly. Read only when the terms are evaluated (a summary).

@@ -104,6 +104,7 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
     """
 
     trains_recurrent_steps_alone = True  # (temporally_independent_train_step=True: each step from its stored state)
+    assumes_own_data = True  # (the surrogate's ratio and GAE read the stored log-probs and values)
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                  hidden_sizes: Sequence[int] = (64, 64), activation: str = "tanh", lr: float | Scheduler = 3e-4,

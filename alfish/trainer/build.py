@@ -297,13 +297,13 @@ def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Op
 
 
 def check_lag_correction(config: TrainerConfig, algorithm: Algorithm) -> None:
-    """Whole-buffer training (PPO) treats the buffer as acted by the parameters it trains; an asynchronous unroll
-    acts with older ones (the policy lag), which needs the algorithm's off-policy correction (V-trace)."""
-    if config.async_unroll and config.whole_replay_buffer_training and algorithm.off_policy_correction is None:
+    """An algorithm whose loss takes the stored data as its own (``Algorithm.assumes_own_data``: PPO) trains from an
+    asynchronous unroll, where older parameters act (the policy lag), only with its off-policy correction."""
+    if config.async_unroll and algorithm.assumes_own_data and algorithm.off_policy_correction is None:
         name = type(algorithm).__name__
-        raise ValueError(f"TrainerConfig.async_unroll=True with whole_replay_buffer_training=True: {name} would train "
-                         "on steps acted by older parameters as if its own had acted them; set "
-                         f"{name}.off_policy_correction='vtrace' (PpoAlgorithm has it), or async_unroll=False")
+        raise ValueError(f"TrainerConfig.async_unroll=True: {name} would train on steps acted by older parameters as "
+                         f"if its own had acted them; set {name}.off_policy_correction='vtrace', or "
+                         "async_unroll=False")
 
 
 def _declared_on_policy(config: TrainerConfig) -> Optional[bool]:

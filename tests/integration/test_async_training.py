@@ -97,11 +97,11 @@ def test_async_unroll_with_an_on_policy_algorithm_is_a_clear_error(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_whole_buffer_training_from_an_async_unroll_needs_an_off_policy_correction(tmp_path):
+def test_ppo_from_an_async_unroll_needs_an_off_policy_correction(tmp_path):
     conf = (REPO / "confs" / "ppo_cartpole.gin").read_text() + "\nTrainerConfig.async_unroll = True\n"
-    with pytest.raises(ValueError, match="TrainerConfig.async_unroll=True with whole_replay_buffer_training=True: "
-                                         "PpoAlgorithm would train on steps acted by older parameters as if its own "
-                                         "had acted them; set PpoAlgorithm.off_policy_correction='vtrace'"):
+    with pytest.raises(ValueError, match="TrainerConfig.async_unroll=True: PpoAlgorithm would train on steps acted by "
+                                         "older parameters as if its own had acted them; set "
+                                         "PpoAlgorithm.off_policy_correction='vtrace', or async_unroll=False"):
         run_trainer_from_text(tmp_path, conf)
 
 
