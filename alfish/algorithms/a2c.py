@@ -11,8 +11,9 @@ from torch import nn
 from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OnPolicyAlgorithm
 from alfish.algorithms.debug_stats import explained_variance, masked_stats
-from alfish.data.types import Experience, LossInfo, StepType
+from alfish.data.types import EMPTY, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
+from alfish.losses.vtrace import VTraceSettings, vtrace_returns
 from alfish.networks.initialization import init_policy_value
 from alfish.schedulers import Scheduler, TracedValue
 
@@ -21,6 +22,7 @@ class A2cRolloutInfo(NamedTuple):
     log_prob: torch.Tensor  # [B], with grad
     entropy: torch.Tensor   # [B], with grad
     value: torch.Tensor     # [B], with grad
+    behaviour_log_prob: Any = EMPTY  # [B]: the acting policy's (off_policy_correction='vtrace'), no grad
 
 
 @gin.configurable
@@ -32,6 +34,12 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
     value_loss_coef, entropy_coef, normalize_advantages (standardize over the unroll). lr and entropy_coef may be
     schedules (alfish.schedulers). actor_network_ctor, value_network_ctor: the networks' constructors, as PPO's.
     ortho_init: SB3's ``ortho_init`` (True, False, or None: alfish's init), as PPO's.
+    off_policy_correction: ``'vtrace'``: the policy gradient and value targets are V-trace's (IMPALA:
+    ``pg_advantage`` and ``value_target`` of ``alfish.losses.vtrace``, ``gae_lambda`` as its lambda, the policy-
+    gradient weight truncated at ``vtrace_clip_rho``), with the acting policy's log-probabilities kept from the
+    unroll: what ``TrainerConfig.async_unroll`` needs (older parameters act). On data the current parameters acted
+    it equals the uncorrected loss when ``gae_lambda = 1`` (the default). ``None``: GAE, synchronous unroll only.
+    vtrace_clip_rho, vtrace_clip_c: V-trace's rho-bar and c-bar (IMPALA's 1 and 1).
     """
 
 
@@ -41,8 +49,10 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
                  entropy_coef: float | Scheduler = 0.0, normalize_advantages: bool = False,
                  actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
                  value_network_ctor: Optional[Callable[..., nn.Module]] = None,
-                 ortho_init: Optional[bool] = None):
+                 ortho_init: Optional[bool] = None, off_policy_correction: Optional[str] = None,
+                 vtrace_clip_rho: float = 1.0, vtrace_clip_c: float = 1.0):
         super().__init__(observation_space, action_space)
+        self.use_off_policy_correction(off_policy_correction, vtrace_clip_rho, vtrace_clip_c)
         self.use_networks(actor_network_ctor, value_network_ctor)
         self.net = ActorCriticNetworks(self, hidden_sizes, activation, actor_network_ctor=actor_network_ctor,
                                        value_network_ctor=value_network_ctor)
@@ -67,6 +77,8 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
         out = self.net.evaluate(self.steps(self.network_input(exp.observation, batch_dims=2), slice(None)),
                                 exp.action.flatten(0, 1))
         info = A2cRolloutInfo(*(x.view(length, batch) for x in (out.log_prob, out.entropy, out.value)))
+        if self.off_policy_correction is not None:  # the acting policy's, from the unroll
+            info = info._replace(behaviour_log_prob=exp.rollout_info.log_prob.detach())
         return exp._replace(rollout_info=info)
 
     def loss_terms(self, exp: Experience) -> dict[str, torch.Tensor]:
@@ -75,9 +87,17 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
         (with gradient), which ``calc_loss`` reads for the debug summaries."""
         info: A2cRolloutInfo = exp.rollout_info
         value = info.value
-        advantage = adv = generalized_advantage_estimation(exp.reward, value.detach(), exp.step_type, exp.discount,
-                                                           self.gamma, self.gae_lambda)
-        value_target = adv + value.detach()[:-1]
+        if self.off_policy_correction == "vtrace":
+            out = vtrace_returns(info.log_prob.detach() - info.behaviour_log_prob, exp.reward, value.detach(),
+                                 exp.step_type, exp.discount,
+                                 VTraceSettings(self.gamma, self.gae_lambda, self.vtrace_clip_rho, self.vtrace_clip_c,
+                                                clip_pg_rho=self.vtrace_clip_rho))
+            advantage = adv = out.pg_advantage
+            value_target = out.value_target
+        else:
+            advantage = adv = generalized_advantage_estimation(exp.reward, value.detach(), exp.step_type,
+                                                               exp.discount, self.gamma, self.gae_lambda)
+            value_target = adv + value.detach()[:-1]
         if self.normalize_advantages:
             adv = masked_standardize(adv, (exp.step_type[:-1] != StepType.LAST).to(value.dtype))
         value_t = value[:-1]

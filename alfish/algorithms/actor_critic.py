@@ -41,6 +41,16 @@ class ActorCriticParams:
     def param_groups(self) -> list[dict]:
         return [dict(name="actor_critic", params=list(self.net.parameters()), lr=self.lr)]
 
+    def use_off_policy_correction(self, correction: Optional[str], clip_rho: float, clip_c: float) -> None:
+        """Check and keep the ``off_policy_correction`` settings (``'vtrace'`` or None, its truncation levels)."""
+        name = type(self).__name__
+        if correction not in (None, "vtrace"):
+            raise ValueError(f"{name}.off_policy_correction={correction!r}: use 'vtrace', or None for none")
+        if not (clip_rho > 0 and clip_c > 0):
+            raise ValueError(f"{name}.vtrace_clip_rho={clip_rho} and vtrace_clip_c={clip_c} must be > 0 (IMPALA's "
+                             "1 and 1)")
+        self.off_policy_correction, self.vtrace_clip_rho, self.vtrace_clip_c = correction, clip_rho, clip_c
+
 
 @gin.configurable
 class ActorCriticNetworks(nn.Module):

@@ -412,6 +412,7 @@ class OnPolicyAlgorithm(RLAlgorithm):
     instead of ``T+1`` graphs of ``B`` rows."""
 
     on_policy = True
+    assumes_own_data = True  # (it trains on the unroll as its own parameters acted it)
     #: True when ``recompute_rollout_info`` is implemented (the trainer then unrolls without gradients).
     recomputes_rollout_info = False
 

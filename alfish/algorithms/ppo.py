@@ -117,14 +117,7 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
                  log_std_init: Optional[float] = None, full_std: bool = True,
                  off_policy_correction: Optional[str] = None, vtrace_clip_rho: float = 1.0, vtrace_clip_c: float = 1.0):
         super().__init__(observation_space, action_space)
-        if off_policy_correction not in (None, "vtrace"):
-            raise ValueError(f"PpoAlgorithm.off_policy_correction={off_policy_correction!r}: use 'vtrace', or None for "
-                             "none")
-        if not (vtrace_clip_rho > 0 and vtrace_clip_c > 0):
-            raise ValueError(f"PpoAlgorithm.vtrace_clip_rho={vtrace_clip_rho} and vtrace_clip_c={vtrace_clip_c} "
-                             "must be > 0 (IMPALA's 1 and 1)")
-        self.off_policy_correction, self.vtrace_clip_rho, self.vtrace_clip_c = \
-            off_policy_correction, vtrace_clip_rho, vtrace_clip_c
+        self.use_off_policy_correction(off_policy_correction, vtrace_clip_rho, vtrace_clip_c)
         if target_kl is not None and not target_kl > 0:
             raise ValueError(f"PpoAlgorithm.target_kl={target_kl} must be > 0, or None for no early stop")
         check_sde_options("PpoAlgorithm", use_sde, sde_sample_freq, log_std_init, full_std)

@@ -97,6 +97,7 @@ class AsyncCollector(Collector):
         self.block: Optional[ParamBlock] = None
         self.policy_lag = PolicyLag()
         self._iteration = 0
+        self._carried: Optional[Experience] = None  # collect_trajectory: the last row, the next trajectory's first
         self.process: Optional[mp.process.BaseProcess] = spawn_child(
             self._ctx, child_main, "alfish-async-unroll", (spec, self.shared, channels), self.close)
         logging.info("async unroll: child process %d started", self.process.pid)
@@ -155,6 +156,26 @@ class AsyncCollector(Collector):
             self._sink.add(step.experience)
         self.policy_lag.received(received, self._iteration)
         return len(received)
+
+    def collect_trajectory(self, steps_per_env: int, with_grad: bool = True) -> Experience:
+        """The transformed trajectory ``[steps_per_env + 1, B]`` the child acted, on the training device, with the
+        rollout infos its policy computed (no gradients: ``with_grad`` must be False, and the algorithm recomputes
+        them, keeping the acting policy's log-probabilities for its off-policy correction). Trajectories follow each
+        other: the last row (it only bootstraps) is the next trajectory's first, so every step taken trains once."""
+        if with_grad:
+            raise ValueError("an asynchronous unroll cannot keep gradients: the algorithm must recompute its rollout "
+                             "infos (OnPolicyAlgorithm.recomputes_rollout_info)")
+        received = self.receive(steps_per_env + (1 if self._carried is None else 0))
+        rows = [] if self._carried is None else [self._carried]
+        for step in received:
+            raw = as_time_step(step.experience)
+            seen = self._stats_view(to_device(raw, self.device))  # (its statistics updated, as collect's are)
+            self.stats.observe(raw)
+            action, info = to_device((step.experience.action, step.experience.rollout_info), self.device)
+            rows.append(Experience.from_time_step(seen, action, info))
+        self.policy_lag.received(received, self._iteration)
+        self._carried = rows[-1]
+        return nest.stack(rows)
 
     def summary(self) -> dict[str, float]:
         return {f"async/{k}": v for k, v in self.policy_lag.summary(self.queue_length()).items()}

@@ -16,7 +16,7 @@ import dataclasses
 import logging
 import os
 import sys
-from typing import Optional
+from typing import Any, Optional
 
 import gin
 import torch
@@ -109,6 +109,9 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
     ``fresh``: start over, moving the root_dir's previous checkpoints aside (``train --fresh``)."""
     options = options or RunOptions()
     check_combinations(config, options, _declared_on_policy(config))
+    ctor = config.algorithm_ctor
+    if isinstance(ctor, type) and issubclass(ctor, Algorithm):  # before the async child starts, from the class
+        check_lag_correction(config, ctor, _bound(f"{ctor.__name__}.off_policy_correction"))
     resolve_snapshots(config.code_snapshots)  # a missing file fails before anything starts
     OptimizerConfig()  # (built again for the Learner) an optimizer setting that does not apply fails here too
     keep_freed_host_memory(options.host_memory_cache_mb)
@@ -152,7 +155,7 @@ def _assemble(setup: RunSetup, collector: Collector) -> Trainer:
     transformer, algorithm = build_policy(config, spec)
     algorithm.debug_summaries = config.debug_summaries  # its calc_loss adds debug/... terms (summaries only)
     check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
-    check_lag_correction(config, algorithm)
+    check_lag_correction(config, algorithm, algorithm.off_policy_correction)
     if setup.offline_options is not None:
         check_offline_combinations(config, setup.offline_options, algorithm.on_policy, type(algorithm).__name__)
     if options.num_threads == AUTO:
@@ -279,10 +282,6 @@ def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Op
                          "TrainerConfig.evaluate=True or remove the binding")
     if options.eval_video_interval:
         check_video_support(options.eval_video_format)
-    if on_policy and config.async_unroll:
-        raise ValueError(f"TrainerConfig.async_unroll=True needs an off-policy algorithm; {name} trains on-policy on "
-                         "the unroll it just made (with gradients), which another process cannot provide (PPO can, "
-                         "with PpoAlgorithm.off_policy_correction='vtrace')")
     rollout_device = DevicePolicy().rollout_device
     evaluates_in_a_child = config.evaluate and config.async_eval
     if not config.async_unroll and not evaluates_in_a_child and rollout_device != "cpu":
@@ -296,14 +295,33 @@ def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Op
                          "algorithms always unroll with gradients)")
 
 
-def check_lag_correction(config: TrainerConfig, algorithm: Algorithm) -> None:
-    """An algorithm whose loss takes the stored data as its own (``Algorithm.assumes_own_data``: PPO) trains from an
-    asynchronous unroll, where older parameters act (the policy lag), only with its off-policy correction."""
-    if config.async_unroll and algorithm.assumes_own_data and algorithm.off_policy_correction is None:
-        name = type(algorithm).__name__
+def check_lag_correction(config: TrainerConfig, algorithm: Algorithm | type[Algorithm],
+                         correction: Optional[str]) -> None:
+    """An algorithm whose loss takes the stored data as its own (``Algorithm.assumes_own_data``: PPO, A2C) trains
+    from an asynchronous unroll, where older parameters act (the policy lag), only with its off-policy correction
+    (``correction``, its ``off_policy_correction``); an on-policy one also recomputes its rollout infos (the
+    child's carry no gradients) from whole unrolls. ``algorithm``: built, or its class (checked before building)."""
+    if not config.async_unroll or not algorithm.assumes_own_data:
+        return
+    name = algorithm.__name__ if isinstance(algorithm, type) else type(algorithm).__name__
+    if correction is None:
         raise ValueError(f"TrainerConfig.async_unroll=True: {name} would train on steps acted by older parameters as "
                          f"if its own had acted them; set {name}.off_policy_correction='vtrace', or "
                          "async_unroll=False")
+    if algorithm.on_policy and not getattr(algorithm, "recomputes_rollout_info", False):
+        raise ValueError(f"TrainerConfig.async_unroll=True: {name} trains on the gradients of its own unroll, which "
+                         "another process cannot provide; use async_unroll=False")
+    if algorithm.on_policy and not config.unroll_length >= 1:
+        raise ValueError(f"TrainerConfig.unroll_length={config.unroll_length}: {name} trains on whole unrolls of a "
+                         "fixed length from the asynchronous unroll; set it to 1 or more")
+
+
+def _bound(parameter: str) -> Any:
+    """The value gin binds to ``parameter`` (``'Class.name'``), or None when it binds none."""
+    try:
+        return gin.query_parameter(parameter)
+    except ValueError:
+        return None
 
 
 def _declared_on_policy(config: TrainerConfig) -> Optional[bool]:

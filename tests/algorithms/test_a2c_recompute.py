@@ -8,6 +8,7 @@ import alfish.envs  # noqa: F401  (registers alfish/PointGoal-v0)
 from alfish.algorithms.a2c import A2cAlgorithm
 from alfish.collect.unroller import Unroller
 from alfish.envs.batched_env import BatchedEnv
+from alfish.losses.vtrace import VTraceSettings, vtrace_returns
 
 
 def loss_and_gradients(env_name: str, recompute: bool):
@@ -41,3 +42,44 @@ def test_a2c_says_it_recomputes_and_the_on_policy_default_does_not():
     from alfish.algorithms.base import OnPolicyAlgorithm
 
     assert A2cAlgorithm.recomputes_rollout_info and not OnPolicyAlgorithm.recomputes_rollout_info
+
+
+def vtrace_loss(env_name: str, behaviour_shift: float = 0.0, **kwargs):
+    """As ``loss_and_gradients`` (recomputed), the stored (acting) log-probs moved by ``behaviour_shift``. Returns
+    (loss terms, the recomputed trajectory)."""
+    torch.manual_seed(0)
+    env = BatchedEnv(env_name, 4, seed=3)
+    algorithm = A2cAlgorithm(env.observation_space, env.action_space, hidden_sizes=(16,), **kwargs)
+    trajectory = Unroller(env, algorithm, seed=3).unroll_on_policy(6, with_grad=False)
+    env.close()
+    info = trajectory.rollout_info
+    trajectory = trajectory._replace(rollout_info=info._replace(log_prob=info.log_prob + behaviour_shift))
+    recomputed = algorithm.recompute_rollout_info(trajectory)
+    return algorithm.loss_terms(recomputed), recomputed
+
+
+@pytest.mark.parametrize("env_name", ["CartPole-v1", "alfish/PointGoal-v0"])
+def test_vtrace_on_its_own_unroll_is_the_uncorrected_loss(env_name):
+    # gae_lambda = 1 (A2C's default): V-trace's policy-gradient advantage and targets are GAE(1)'s on own data
+    plain, _ = vtrace_loss(env_name)
+    corrected, _ = vtrace_loss(env_name, off_policy_correction="vtrace")
+    for term in ("policy_loss", "value_loss", "advantage", "value_target"):
+        torch.testing.assert_close(corrected[term], plain[term], rtol=1e-5, atol=1e-6, msg=term)
+
+
+def test_vtrace_weighs_the_policy_gradient_by_the_truncated_ratio():
+    # The acting policy gave each taken action e^-1 of the current probability (rho = e): with rho-bar 1 the
+    # policy-gradient weight and the TD errors are truncated to 1 (as on-policy); with rho-bar 2 they are V-trace's
+    # at rho = 2 everywhere.
+    plain, _ = vtrace_loss("CartPole-v1")
+    clipped, _ = vtrace_loss("CartPole-v1", -1.0, off_policy_correction="vtrace")
+    torch.testing.assert_close(clipped["advantage"], plain["advantage"], rtol=1e-5, atol=1e-6)
+    loose, trajectory = vtrace_loss("CartPole-v1", -1.0, off_policy_correction="vtrace", vtrace_clip_rho=2.0,
+                                    vtrace_clip_c=2.0)
+    info = trajectory.rollout_info
+    torch.testing.assert_close(info.log_prob.detach() - info.behaviour_log_prob, torch.ones_like(info.log_prob))
+    expected = vtrace_returns(torch.ones_like(info.log_prob), trajectory.reward, info.value.detach(),
+                              trajectory.step_type, trajectory.discount, VTraceSettings(0.99, 1.0, 2.0, 2.0, 2.0))
+    torch.testing.assert_close(loose["advantage"], expected.pg_advantage)
+    torch.testing.assert_close(loose["value_target"], expected.value_target)
+    assert not torch.allclose(loose["advantage"], plain["advantage"])

@@ -14,6 +14,7 @@ from alfish.algorithms.build import build_policy
 from alfish.collect.async_collector import AsyncCollector, AsyncUnrollError, UnrollSpec
 from alfish.collect.collector import ProgressPoint
 from alfish.config import TrainerConfig, load_conf
+from alfish.data import nest
 from alfish.data.types import StepType
 from alfish.envs.batched_env import environment_settings
 
@@ -36,6 +37,15 @@ DqnAlgorithm.epsilon_greedy = 0.0
 TrainerConfig.algorithm_ctor = @DqnAlgorithm
 TrainerConfig.mini_batch_size = 4
 TrainerConfig.mini_batch_length = 2
+"""
+
+
+A2C_CHAIN = """
+create_environment.env_name = 'alfish/Chain-v0'
+create_environment.num_parallel_environments = 2
+A2cAlgorithm.hidden_sizes = (8,)
+A2cAlgorithm.off_policy_correction = 'vtrace'
+TrainerConfig.algorithm_ctor = @A2cAlgorithm
 """
 
 
@@ -154,6 +164,25 @@ def test_child_acts_with_new_parameters_after_they_are_published(rig_factory):
 # other test uses: gin resolves `%NAME` by its last part too, so a constant named like another test's macro (GAMMA)
 # would change what that test's config means once this module is imported.
 gin.constant("test_async_collector.DISCOUNT_SHIPPED_TO_THE_CHILD", 0.9)
+
+
+def test_trajectories_follow_each_other_sharing_their_bootstrap_row(rig_factory):
+    rig = rig_factory(A2C_CHAIN)
+    first, second = rig.unroller.collect_trajectory(5, with_grad=False), rig.unroller.collect_trajectory(5, False)
+    assert first.step_type.shape == second.step_type.shape == (6, 2)  # [T + 1, B]
+    for a, b in zip(nest.flatten(first), nest.flatten(second)):  # the last row (bootstrap only) trains next time
+        assert torch.equal(a[-1], b[0])
+    # the steps arrive in order: each env's episodes start FIRST, and every LAST is followed by a FIRST, across the
+    # seam of the two trajectories too
+    for steps in torch.cat([first.step_type, second.step_type[1:]]).T.tolist():  # 11 steps per env
+        assert steps[0] == StepType.FIRST and StepType.LAST in steps, steps
+        assert all(b == StepType.FIRST for a, b in zip(steps, steps[1:]) if a == StepType.LAST), steps
+        assert all(b != StepType.FIRST for a, b in zip(steps, steps[1:]) if a != StepType.LAST), steps
+    assert torch.equal(second.env_id[0], torch.arange(2))
+    info = first.rollout_info  # the acting policy's, without gradients (the learner recomputes them)
+    assert info.log_prob.shape == (6, 2) and not info.log_prob.requires_grad and bool((info.log_prob <= 0).all())
+    with pytest.raises(ValueError, match="an asynchronous unroll cannot keep gradients"):
+        rig.unroller.collect_trajectory(5, with_grad=True)
 
 
 def test_the_child_parses_a_config_naming_a_gin_constant_of_the_trainer(rig_factory):

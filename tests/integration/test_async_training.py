@@ -89,10 +89,11 @@ def test_short_async_sac_run_learns_point_goal_and_reports_lag(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_async_unroll_with_an_on_policy_algorithm_is_a_clear_error(tmp_path):
+def test_async_unroll_with_an_uncorrected_on_policy_algorithm_is_a_clear_error(tmp_path):
     conf = (REPO / "confs" / "a2c_cartpole.gin").read_text() + "\nTrainerConfig.async_unroll = True\n"
-    with pytest.raises(ValueError, match="TrainerConfig.async_unroll=True needs an off-policy algorithm; "
-                                         "A2cAlgorithm trains on-policy"):
+    with pytest.raises(ValueError, match="TrainerConfig.async_unroll=True: A2cAlgorithm would train on steps acted "
+                                         "by older parameters as if its own had acted them; set "
+                                         "A2cAlgorithm.off_policy_correction='vtrace'"):
         run_trainer_from_text(tmp_path, conf)
 
 

@@ -22,7 +22,8 @@ from alfish.trainer.resume import check_resumable
           mini_batch_length=2), RunOptions(),
      "TrainerConfig.priority_replay=True needs an off-policy algorithm; A2cAlgorithm trains on-policy without replay"),
     (dict(algorithm_ctor=A2cAlgorithm, async_unroll=True), RunOptions(),
-     "TrainerConfig.async_unroll=True needs an off-policy algorithm; A2cAlgorithm trains on-policy"),
+     "TrainerConfig.async_unroll=True: A2cAlgorithm would train on steps acted by older parameters as if its own had "
+     "acted them; set A2cAlgorithm.off_policy_correction='vtrace', or async_unroll=False"),
     (dict(algorithm_ctor=SacAlgorithm, async_unroll=True), RunOptions(random_warm_up_actions=True),
      "Trainer.random_warm_up_actions=True needs an off-policy algorithm and a synchronous unroll"),
 ])
