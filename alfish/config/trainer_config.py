@@ -62,7 +62,8 @@ class TrainerConfig:
             pass, as A2C does), and True with an off-policy algorithm is refused (stored steps would keep autograd
             graphs).
         async_unroll: step the envs in a child process (with a copy of the rollout policy) feeding a bounded queue
-            while this process trains; off-policy algorithms only. With unroll_length > 0 each iteration takes
+            while this process trains; replay algorithms, and PPO/A2C with ``off_policy_correction='vtrace'`` (their
+            loss otherwise takes the lagged data as their own: refused). With unroll_length > 0 each iteration takes
             exactly that many steps per env from the queue (waiting for them); with unroll_length == 0 it takes
             what has arrived, at most max_unroll_length, and trains even if nothing arrived.
         max_unroll_length: async unroll with unroll_length == 0: most steps per env taken in one iteration (0: all
