@@ -52,8 +52,8 @@ class RunOptions:
     evaluate_at_start: also evaluate at iteration 0, before any training (a fresh run).
     eval_video_interval: every this many evaluations, record one greedy episode of the evaluated policy to
     ``ROOT_DIR/videos/eval-<iteration>.<eval_video_format>`` (``'mp4'`` or ``'gif'``); 0: never.
-    checkpoint_interval_s: also write a checkpoint whenever this many seconds passed since the last (``None``: only
-    ``TrainerConfig.num_checkpoints``'s).
+    checkpoint_interval_s: also write a checkpoint whenever this many seconds passed since the last, and one when the
+    run ends (``None``: only ``TrainerConfig.num_checkpoints``'s).
     max_checkpoints_to_keep: delete the oldest checkpoints beyond this many, once the newest verified (``None``: keep
     all); the best checkpoint is kept apart and never counted.
     warm_start_from, warm_start: begin a fresh run from another run's checkpoint: ``'weights'``,

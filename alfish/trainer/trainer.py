@@ -79,6 +79,7 @@ class Trainer:
     throughput: Throughput = dataclasses.field(default_factory=Throughput)
     profiler: NullProfiler = dataclasses.field(default_factory=NullProfiler)  # TrainerConfig.profiling
     callbacks: CallbackList = dataclasses.field(default_factory=CallbackList)  # stop_value, best checkpoint, ...
+    checkpointed_iteration: Optional[int] = None  # the iteration of the last checkpoint this run wrote
     started: bool = False  # the parts were restored and acting began: a crash from now on is worth a checkpoint
     resumed: bool = False  # restored from a checkpoint of this root_dir (callbacks read it in before_run)
 
@@ -170,7 +171,9 @@ class Trainer:
         it = self.counters.iteration
         if self.plan.final_evaluation_due(it):
             self._evaluate()
-        if self.config.num_checkpoints > 0 and not self.plan.checkpoint_due(it):
+        # (timed checkpoints alone also end with one: the run's last interval of work is not lost)
+        checkpointing = self.config.num_checkpoints > 0 or self.options.checkpoint_interval_s is not None
+        if checkpointing and self.checkpointed_iteration != it:
             self.save_checkpoint()
         self.evaluator.wait()  # an asynchronous evaluation still running (the final one) is recorded before exit
         self._deliver_evaluations()
@@ -279,6 +282,7 @@ class Trainer:
         (``alfish.learn.checkpoint_barrier``). Returns its path on rank 0, None on the others."""
         path = self._write_checkpoint() if self.dist.is_main else None
         wait_for_checkpoint(self.dist, self.counters.iteration)
+        self.checkpointed_iteration = self.counters.iteration
         return path
 
     def _write_checkpoint(self) -> str:

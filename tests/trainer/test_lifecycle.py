@@ -157,7 +157,8 @@ def test_timed_checkpoints_follow_the_clock():
 
 def test_timed_checkpoints_in_a_run_and_max_to_keep(tmp_path):
     # 1 ms per env step, 8 envs stepped in turn: an iteration takes >= 0.26 s, so a checkpoint every 0.5 s falls every
-    # ~2 iterations
+    # ~2 iterations; the run ends with one (num_checkpoints = 0: the timed ones ask for it), wherever the last timed
+    # one fell (on a loaded machine, at iteration 11 once)
     trainer = train(tmp_path, PPO, [
         "create_environment.env_name = 'alfish/Latency-v0'",
         "create_environment.env_kwargs = {'env_name': 'CartPole-v1', 'latency_s': 0.001}",
