@@ -60,3 +60,19 @@ def test_a_checkpoint_of_the_older_layout_is_refused_with_a_clear_message(tmp_pa
                                               r"1, this version reads 2\); resume it with the alfish that wrote it, "
                                               r"or train into a new root_dir"):
         check_resumable(checkpointer.load_latest())
+
+
+def test_an_asynchronous_on_policy_run_needs_whole_unrolls_and_is_refused_before_the_child_starts(tmp_path):
+    import gin
+
+    gin.bind_parameter("A2cAlgorithm.off_policy_correction", "vtrace")
+    children_before = len(psutil.Process().children(recursive=True))
+    try:
+        with pytest.raises(ValueError, match=r"^TrainerConfig.unroll_length=0: A2cAlgorithm trains on whole unrolls "
+                                             r"of a fixed length from the asynchronous unroll; set it to 1 or more"):
+            build_trainer(TrainerConfig(root_dir=str(tmp_path / "root"), algorithm_ctor=A2cAlgorithm,
+                                        async_unroll=True, unroll_length=0, num_iterations=3))
+        assert not (tmp_path / "root").exists()
+        assert len(psutil.Process().children(recursive=True)) == children_before
+    finally:
+        gin.clear_config()
