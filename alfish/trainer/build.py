@@ -314,6 +314,11 @@ def check_lag_correction(config: TrainerConfig, algorithm: Algorithm | type[Algo
     if algorithm.on_policy and not config.unroll_length >= 1:
         raise ValueError(f"TrainerConfig.unroll_length={config.unroll_length}: {name} trains on whole unrolls of a "
                          "fixed length from the asynchronous unroll; set it to 1 or more")
+    if config.unroll_parameter_update_period > 1 and not isinstance(algorithm, type):
+        logging.warning("TrainerConfig.unroll_parameter_update_period=%d: %s's data will be acted by parameters up to "
+                        "%d iterations old; V-trace corrects a small lag, and PPO learned alfish/Chain-v0 with a "
+                        "period of 1 but not with 10 (README, Asynchronous unroll): consider 1",
+                        config.unroll_parameter_update_period, name, config.unroll_parameter_update_period)
 
 
 def _bound(parameter: str) -> Any:

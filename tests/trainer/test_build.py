@@ -1,7 +1,10 @@
 """Assembly checks: combinations the parts cannot serve fail before any env or process starts, with one line naming
 the parameters; a checkpoint of the older layout is refused with a clear message instead of a half-restored run."""
+import dataclasses
+import logging
 import os
 
+import gymnasium as gym
 import psutil
 import pytest
 
@@ -76,3 +79,18 @@ def test_an_asynchronous_on_policy_run_needs_whole_unrolls_and_is_refused_before
         assert len(psutil.Process().children(recursive=True)) == children_before
     finally:
         gin.clear_config()
+
+
+def test_a_corrected_algorithm_with_a_slow_parameter_publish_is_warned_about(caplog):
+    from alfish.trainer.build import check_lag_correction
+
+    algorithm = A2cAlgorithm(gym.spaces.Box(-1.0, 1.0, (2,)), gym.spaces.Discrete(2), hidden_sizes=(4,),
+                             off_policy_correction="vtrace")
+    config = TrainerConfig(root_dir="unused", algorithm_ctor=A2cAlgorithm, async_unroll=True, unroll_length=4)
+    with caplog.at_level(logging.WARNING):
+        check_lag_correction(config, algorithm, "vtrace")  # the default period, 10
+    assert "TrainerConfig.unroll_parameter_update_period=10: A2cAlgorithm's data will be acted by parameters up to " \
+           "10 iterations old" in caplog.text
+    caplog.clear()
+    check_lag_correction(dataclasses.replace(config, unroll_parameter_update_period=1), algorithm, "vtrace")
+    assert not caplog.text
