@@ -89,20 +89,13 @@ def test_short_async_sac_run_learns_point_goal_and_reports_lag(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_async_unroll_with_an_uncorrected_on_policy_algorithm_is_a_clear_error(tmp_path):
-    conf = (REPO / "confs" / "a2c_cartpole.gin").read_text() + "\nTrainerConfig.async_unroll = True\n"
-    with pytest.raises(ValueError, match="TrainerConfig.async_unroll=True: A2cAlgorithm would train on steps acted "
-                                         "by older parameters as if its own had acted them; set "
-                                         "A2cAlgorithm.off_policy_correction='vtrace'"):
-        run_trainer_from_text(tmp_path, conf)
-
-
-@pytest.mark.timeout(60)
-def test_ppo_from_an_async_unroll_needs_an_off_policy_correction(tmp_path):
-    conf = (REPO / "confs" / "ppo_cartpole.gin").read_text() + "\nTrainerConfig.async_unroll = True\n"
-    with pytest.raises(ValueError, match="TrainerConfig.async_unroll=True: PpoAlgorithm would train on steps acted by "
+@pytest.mark.parametrize("conf_name, algorithm", [("a2c_cartpole.gin", "A2cAlgorithm"),
+                                                  ("ppo_cartpole.gin", "PpoAlgorithm")])
+def test_an_uncorrected_on_policy_algorithm_from_an_async_unroll_is_a_clear_error(tmp_path, conf_name, algorithm):
+    conf = (REPO / "confs" / conf_name).read_text() + "\nTrainerConfig.async_unroll = True\n"
+    with pytest.raises(ValueError, match=f"TrainerConfig.async_unroll=True: {algorithm} would train on steps acted by "
                                          "older parameters as if its own had acted them; set "
-                                         "PpoAlgorithm.off_policy_correction='vtrace', or async_unroll=False"):
+                                         f"{algorithm}.off_policy_correction='vtrace', or async_unroll=False"):
         run_trainer_from_text(tmp_path, conf)
 
 

@@ -27,6 +27,16 @@ TrainerConfig.algorithm_ctor = @SacAlgorithm
 
 # The evaluation samples from the policy (epsilon_greedy = 1): 0.65 averaged over 10 episodes needs nearly every
 # step to go right, so an untrained policy whose greedy action happens to be "right" cannot pass.
+CHAIN_EVALUATION = """
+TrainerConfig.summary_interval = 10
+TrainerConfig.evaluate = True
+TrainerConfig.eval_interval = {eval_interval}
+TrainerConfig.epsilon_greedy = 1.0
+TrainerConfig.num_eval_episodes = 10
+TrainerConfig.num_eval_environments = 5
+TrainerConfig.num_checkpoints = 0
+"""
+
 PPO_CHAIN = """
 create_environment.env_name = 'alfish/Chain-v0'
 create_environment.num_parallel_environments = 4
@@ -45,14 +55,7 @@ TrainerConfig.replay_buffer_length = 17
 TrainerConfig.mini_batch_size = 32
 TrainerConfig.mini_batch_length = 1
 TrainerConfig.num_updates_per_train_iter = 4
-TrainerConfig.summary_interval = 10
-TrainerConfig.evaluate = True
-TrainerConfig.eval_interval = 2
-TrainerConfig.epsilon_greedy = 1.0
-TrainerConfig.num_eval_episodes = 10
-TrainerConfig.num_eval_environments = 5
-TrainerConfig.num_checkpoints = 0
-"""
+""" + CHAIN_EVALUATION.format(eval_interval=2)
 
 
 @pytest.mark.timeout(120)
@@ -106,14 +109,7 @@ TrainerConfig.unroll_length = 8
 TrainerConfig.async_unroll = True
 TrainerConfig.unroll_parameter_update_period = 1
 TrainerConfig.unroll_queue_size = 8
-TrainerConfig.summary_interval = 10
-TrainerConfig.evaluate = True
-TrainerConfig.eval_interval = 4
-TrainerConfig.epsilon_greedy = 1.0
-TrainerConfig.num_eval_episodes = 10
-TrainerConfig.num_eval_environments = 5
-TrainerConfig.num_checkpoints = 0
-"""
+""" + CHAIN_EVALUATION.format(eval_interval=4)
 
 
 @pytest.mark.timeout(60)
