@@ -31,7 +31,9 @@ class UnrollSpec:
     """Everything the child needs, picklable: how to build the envs, the gin config text (parsed there, for the policy)
     and the pacing. gin_constants: the ``gin.constant`` values the text may name (default: those registered in this
     process when the spec is made). acting_device: where the child's policy acts, ``DevicePolicy.rollout_device``
-    resolved in the trainer when the spec is made (under torchrun with its ``LOCAL_RANK``: the child has none)."""
+    resolved in the trainer when the spec is made (under torchrun with its ``LOCAL_RANK``: the child has none).
+    process_index: which of the rank's unroll processes this is (``unroll_processes.py``); each item it sends
+    says so."""
 
     env_settings: EnvSettings
     config_text: str
@@ -40,6 +42,7 @@ class UnrollSpec:
     parent_pid: int
     gin_constants: dict[str, Any] = dataclasses.field(default_factory=gin_constants)
     acting_device: torch.device = dataclasses.field(default_factory=resolved_acting_device)
+    process_index: int = 0
 
 
 @dataclasses.dataclass
@@ -68,7 +71,7 @@ def child_main(spec: UnrollSpec, shared: SharedParams, channels: ChildChannels) 
         if command is not None:
             _, block_name, seed = command
             acting = _start_acting(spec, config, env, env_spec, shared, (block_name, seed), parent_alive)
-            _run(acting, spec.step_interval_s, channels, parent_alive)
+            _run(acting, spec, channels, parent_alive)
     except BaseException:  # noqa: BLE001  (everything, including KeyboardInterrupt, goes to the parent)
         channels.errors.put(traceback.format_exc())
         exit_code = 1
@@ -97,8 +100,9 @@ def _start_acting(spec: UnrollSpec, config: Any, env: Any, env_spec: Any, shared
     return _Acting(unroller, block, tensors, version)
 
 
-def _run(acting: _Acting, step_interval_s: float, channels: ChildChannels, parent_alive: Callable[[], bool]) -> None:
+def _run(acting: _Acting, spec: UnrollSpec, channels: ChildChannels, parent_alive: Callable[[], bool]) -> None:
     """Step the envs, one item per env step into ``channels.results``, loading each new parameter version first."""
+    step_interval_s, index = spec.step_interval_s, spec.process_index
     next_tick = time.monotonic()
     stop = channels.stop
     with torch.inference_mode():
@@ -107,7 +111,7 @@ def _run(acting: _Acting, step_interval_s: float, channels: ChildChannels, paren
             if step_interval_s > 0:
                 next_tick = _pace(next_tick, step_interval_s)
             exp = acting.unroller.step()
-            item = (nest.map_nest(lambda x: x.numpy(), exp), acting.version, acting.unroller.last_env_step_s)
+            item = (nest.map_nest(lambda x: x.numpy(), exp), acting.version, acting.unroller.last_env_step_s, index)
             if not _put(channels.results, item, stop, parent_alive):
                 break
 

@@ -75,11 +75,12 @@ class Collector:
         (an async unroll: what was in flight in the child is timing-dependent)."""
         return None
 
-    def collect(self, steps_per_env: int) -> int:
-        """Hand ``steps_per_env`` steps of every env to the sink; returns the steps per env collected."""
+    def collect(self, steps_per_env: int) -> float:
+        """Hand ``steps_per_env`` steps of every env to the sink; returns the steps per env collected (env steps over
+        the number of envs: a fraction where envs delivered unequal counts, as several async unroll processes may)."""
         raise NotImplementedError
 
-    def warm_up(self, steps_per_env: int) -> int:
+    def warm_up(self, steps_per_env: int) -> float:
         """Collect before training starts (the initial collect steps); default: ``collect``."""
         return self.collect(steps_per_env)
 

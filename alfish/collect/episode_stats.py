@@ -28,15 +28,23 @@ class EpisodeStats:
         self.num_episodes = 0
 
     def observe(self, time_step: TimeStep) -> None:
-        """Account one time step ``[num_envs]`` (host tensors; device ones are copied)."""
+        """Account one time step of every env ``[num_envs]``, or of some of them (``time_step.env_id`` ``[K]`` says
+        which: one process's share of an async unroll). Host tensors; device ones are copied."""
         step_type = time_step.step_type.cpu().numpy()
         first = step_type == StepType.FIRST
-        self._return = np.where(first, 0.0, self._return + time_step.reward.cpu().numpy())
-        self._length = np.where(first, 0, self._length + 1)
+        reward = time_step.reward.cpu().numpy()
+        if step_type.shape[0] == self._return.shape[0]:  # every env (ids 0..B-1: the batched env's own order)
+            self._return = np.where(first, 0.0, self._return + reward)
+            self._length = np.where(first, 0, self._length + 1)
+            returns, lengths = self._return, self._length
+        else:
+            ids = time_step.env_id.cpu().numpy()
+            returns = self._return[ids] = np.where(first, 0.0, self._return[ids] + reward)
+            lengths = self._length[ids] = np.where(first, 0, self._length[ids] + 1)
         last = step_type == StepType.LAST
         if last.any():
-            self.returns.extend(self._return[last].tolist())
-            self.lengths.extend(self._length[last].tolist())
+            self.returns.extend(returns[last].tolist())
+            self.lengths.extend(lengths[last].tolist())
             self.num_episodes += int(last.sum())
 
     def average_return(self) -> float:

@@ -48,6 +48,7 @@ class BatchedEnv:
         env_kwargs: Optional[dict] = None,
         render_mode: Optional[str] = None,
         step_timeout_s: float = 60.0,
+        first_env_id: int = 0,
     ):
         if vectorization not in VECTORIZATIONS:
             raise ValueError(f"create_environment.vectorization='{vectorization}' is not one of {VECTORIZATIONS}")
@@ -85,7 +86,8 @@ class BatchedEnv:
             self._low = np.asarray(self.action_space.low, dtype=np.float32)
             self._high = np.asarray(self.action_space.high, dtype=np.float32)
         self._seed = seed
-        self._env_id = torch.arange(num_envs, dtype=torch.int64)
+        # One of several batches of a rank's envs (an async unroll's processes) numbers its envs after the others'.
+        self._env_id = torch.arange(first_env_id, first_env_id + num_envs, dtype=torch.int64)
         self._prev_done = np.zeros(num_envs, dtype=bool)
         self._zero_action = torch.zeros((num_envs,) + self.action_shape, dtype=self._action_dtype)
 
@@ -236,11 +238,25 @@ class EnvSettings:
     env_kwargs: Optional[dict]
     render_mode: Optional[str]
     step_timeout_s: float
+    first_env_id: int = 0  # env ids (rings of the replay buffer) start here: one share of a rank's envs
 
     def create(self) -> BatchedEnv:
         logging.debug("creating %d x %s (%s)", self.num_parallel_environments, self.env_name, self.vectorization)
         return BatchedEnv(self.env_name, self.num_parallel_environments, self.seed, self.vectorization,
-                          self.env_kwargs, self.render_mode, self.step_timeout_s)
+                          self.env_kwargs, self.render_mode, self.step_timeout_s, self.first_env_id)
+
+    def share(self, index: int, num_shares: int) -> "EnvSettings":
+        """Share ``index`` of ``num_shares`` equal shares of these envs: ``B / num_shares`` envs whose ids and seeds
+        continue where the previous share's end (env ``i`` of the whole batch keeps id ``i`` and seed ``seed + i``,
+        whichever share steps it). ``B`` must divide evenly."""
+        if self.num_parallel_environments % num_shares:
+            raise ValueError(f"create_environment.num_parallel_environments={self.num_parallel_environments} must be "
+                             f"a multiple of Trainer.num_unroll_processes={num_shares} (each process steps an "
+                             "equal share of the envs)")
+        size = self.num_parallel_environments // num_shares
+        first = self.first_env_id + index * size
+        return dataclasses.replace(self, num_parallel_environments=size, seed=self.seed + index * size,
+                                   first_env_id=first)
 
 
 @gin.configurable("create_environment")

@@ -4,6 +4,8 @@ collector's sink, the episode cut after a resume, checkpoints) and nothing happe
 state is not written into checkpoints: a run without replay saves what it always saved."""
 from __future__ import annotations
 
+from typing import Any
+
 from alfish.data.types import Experience
 
 
@@ -16,7 +18,7 @@ class NullReplay:
     def add_steps(self, exp: Experience) -> None:
         """Drops the steps (as ``add``)."""
 
-    def truncate_episodes(self) -> None:
+    def truncate_episodes(self, env_ids: Any = None) -> None:
         """No stored episode to cut."""
 
     def __len__(self) -> int:

@@ -25,7 +25,7 @@ to it crosses once, through ``to_storage``.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -116,9 +116,10 @@ class ReplayBuffer:
         self._storage.clear(keep_last)
         self._sampler.on_clear(self._storage, oldest_before)
 
-    def truncate_episodes(self) -> None:
-        """Mark the newest stored step of every env LAST (a time-limit truncation); see ``RingBuffer``."""
-        self._storage.truncate_episodes()
+    def truncate_episodes(self, env_ids: Optional[torch.Tensor] = None) -> None:
+        """Mark the newest stored step of every env (or of ``env_ids``) LAST (a time-limit truncation); see
+        ``RingBuffer``."""
+        self._storage.truncate_episodes(env_ids)
 
     # --------------------------------------------------------------------------------------------------- sampling --
     def sample(self, batch_size: int, length: int, on_device: bool = False,

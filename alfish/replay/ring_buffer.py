@@ -18,7 +18,7 @@ whether a sample is possible without reading a tensor.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch.utils import _pytree as pytree
@@ -165,17 +165,20 @@ class RingBuffer:
         self._floor = torch.maximum(self._floor, self._write_count - keep_last)
         self._update_mirrors()
 
-    def truncate_episodes(self) -> None:
-        """Mark the newest stored step of every env LAST (keeping its discount), i.e. a time-limit truncation.
+    def truncate_episodes(self, env_ids: Optional[torch.Tensor] = None) -> None:
+        """Mark the newest stored step of every env (or of ``env_ids``, int64 ``[K]``) LAST (keeping its discount),
+        i.e. a time-limit truncation.
 
-        Used after a resume restarts the envs mid-episode: the next stored step is a FIRST, and the transition into it
-        must not look like a real one. The step's own reward and discount stay valid, so it still bootstraps.
+        Used after a resume restarts the envs mid-episode, and where an async unroll dropped an env's steps (too old a
+        policy): the next stored step is a FIRST, and the transition into it must not look like a real one. The step's
+        own reward and discount stay valid, so it still bootstraps.
         """
         if self._storage is None:
             return
-        has_data = self.num_stored() > 0
-        env_ids = torch.arange(self.num_envs)[has_data]
-        slots = (self._write_count[has_data] - 1) % self.capacity
+        if env_ids is None:
+            env_ids = torch.arange(self.num_envs)
+        env_ids = env_ids[self.num_stored().index_select(0, env_ids) > 0]
+        slots = (self._write_count[env_ids] - 1) % self.capacity
         stored: Experience = pytree.tree_unflatten(self._storage, self._spec)  # views of the storage, no copy
         stored.step_type.view(-1)[host_to_device(env_ids * self.capacity + slots, self.device)] = StepType.LAST
         if self._episode_end is not None:

@@ -23,7 +23,7 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.algorithms.build import build_policy
-from alfish.collect.async_collector import AsyncCollector, UnrollSpec
+from alfish.collect.async_collector import AsyncCollector, CollectionSettings, UnrollSpec
 from alfish.collect.collector import Collector, SyncCollector, check_random_actions_storable
 from alfish.collect.no_collector import NoCollector
 from alfish.config.trainer_config import TrainerConfig
@@ -54,6 +54,7 @@ from alfish.rundir.disk import DiskWriteError, write_failure
 from alfish.rundir.run_record import resolve_snapshots, snapshot_texts, write_run_record
 from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
 from alfish.trainer.callbacks import CallbackList, TrainerCallback
+from alfish.trainer.collection_checks import check_collection
 from alfish.trainer.counters import Counters, RunPlan
 from alfish.trainer.lifecycle import BestCheckpoint, EvaluateAtStart, EvalVideoCallback, StopAtValue, TimedCheckpoints
 from alfish.trainer.offline_parts import (
@@ -110,7 +111,9 @@ def build_trainer(config: TrainerConfig, options: Optional[RunOptions] = None, f
     options = options or RunOptions()
     check_combinations(config, options, _declared_on_policy(config))
     ctor = config.algorithm_ctor
-    if isinstance(ctor, type) and issubclass(ctor, Algorithm):  # before the async child starts, from the class
+    declared = ctor if isinstance(ctor, type) and issubclass(ctor, Algorithm) else None
+    check_collection(config, options, declared)
+    if declared is not None:  # before the async child starts, from the class
         check_lag_correction(config, ctor, _bound(f"{ctor.__name__}.off_policy_correction"))
     resolve_snapshots(config.code_snapshots)  # a missing file fails before anything starts
     OptimizerConfig()  # (built again for the Learner) an optimizer setting that does not apply fails here too
@@ -156,10 +159,12 @@ def _assemble(setup: RunSetup, collector: Collector) -> Trainer:
     algorithm.debug_summaries = config.debug_summaries  # its calc_loss adds debug/... terms (summaries only)
     check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
     check_lag_correction(config, algorithm, algorithm.off_policy_correction)
+    check_collection(config, options, algorithm)
     if setup.offline_options is not None:
         check_offline_combinations(config, setup.offline_options, algorithm.on_policy, type(algorithm).__name__)
     if options.num_threads == AUTO:
-        children = int(config.async_unroll) + int(config.evaluate and config.async_eval and dist.is_main)
+        children = (options.num_unroll_processes if config.async_unroll else 0) + int(
+            config.evaluate and config.async_eval and dist.is_main)
         set_threads(AUTO, algorithm, training_batch_rows(config, spec.num_envs, algorithm.on_policy), children)
     if options.random_warm_up_actions:
         check_random_actions_storable(algorithm, transformer, spec)
@@ -346,9 +351,11 @@ def build_collector(config: TrainerConfig, options: RunOptions, rank_seed: int,
         spec = UnrollSpec(env_settings=environment_settings(seed=rank_seed), config_text=gin.config_str(),
                           root_dir=config.root_dir, step_interval_s=config.unroll_step_interval,
                           parent_pid=os.getpid())
+        collection = CollectionSettings(options.num_unroll_processes, options.unroll_min_fraction,
+                                        options.max_policy_lag)
         return AsyncCollector(spec, config.unroll_queue_size, config.max_unroll_length,
                               config.unroll_parameter_update_period,
-                              stall_timeout_s=spec.env_settings.step_timeout_s, device=device)
+                              stall_timeout_s=spec.env_settings.step_timeout_s, device=device, collection=collection)
     return SyncCollector(create_environment(seed=rank_seed), options.random_warm_up_actions, device)
 
 

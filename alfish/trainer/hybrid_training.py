@@ -75,7 +75,7 @@ class HybridTraining(TrainingStep):
         return max(0, max(target, self.settings.mini_batch_length) - stored)
 
     # ------------------------------------------------------------------------------------------------ training ----
-    def _collect_and_train(self, steps_per_env: int) -> int:
+    def _collect_and_train(self, steps_per_env: int) -> float:
         iteration = self.counters.iteration
         collected = 0
         self.timing["unroll_s"] = 0.0

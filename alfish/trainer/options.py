@@ -62,6 +62,17 @@ class RunOptions:
     without TensorBoard.
     callbacks: the user's own ``TrainerCallback`` instances (``alfish/trainer/callbacks.py``), called after the
     built-in ones.
+
+    Collection at scale (``TrainerConfig.async_unroll=True``; ``alfish/collect/unroll_processes.py``):
+    num_unroll_processes: unroll child processes of each rank, each stepping an equal share of its
+    ``create_environment.num_parallel_environments`` envs (a multiple of it) with its own policy copy, all feeding
+    one queue and reading one parameter publish; env ids and seeds are those of one process stepping them all.
+    unroll_min_fraction: with ``TrainerConfig.unroll_length > 0`` and several processes, an iteration trains once
+    this fraction of the processes delivered their ``unroll_length`` steps (the others' steps that arrived are taken
+    too, the rest wait for the next iteration); 1: every process (synchronous collection).
+    max_policy_lag: steps acted by parameters more than this many published versions older than the newest are
+    dropped (counted in ``async/dropped_env_steps``; the stored episode of their envs is cut there); ``None``: keep
+    every step.
     """
 
     save_replay_buffer: bool = True
@@ -83,9 +94,23 @@ class RunOptions:
     warm_start: str = "weights"
     scalars_csv: bool = False
     callbacks: Sequence[Any] = ()
+    num_unroll_processes: int = 1
+    unroll_min_fraction: float = 1.0
+    max_policy_lag: Optional[int] = None
 
     def __post_init__(self) -> None:
         check_setting(self.num_threads)
+        if isinstance(self.num_unroll_processes, bool) or not isinstance(self.num_unroll_processes, int) or (
+                self.num_unroll_processes < 1):
+            raise ValueError(f"Trainer.num_unroll_processes={self.num_unroll_processes!r} must be an int >= 1")
+        if isinstance(self.unroll_min_fraction, bool) or not isinstance(self.unroll_min_fraction, (int, float)) or not (
+                0 < self.unroll_min_fraction <= 1):
+            raise ValueError(f"Trainer.unroll_min_fraction={self.unroll_min_fraction!r} must be in (0, 1] (the "
+                             "fraction of the unroll processes an iteration waits for)")
+        if self.max_policy_lag is not None and (isinstance(self.max_policy_lag, bool) or not isinstance(
+                self.max_policy_lag, int) or self.max_policy_lag < 0):
+            raise ValueError(f"Trainer.max_policy_lag={self.max_policy_lag!r} must be an int >= 0 (parameter "
+                             "versions) or None (no limit)")
         if self.eval_video_interval < 0:
             raise ValueError(f"Trainer.eval_video_interval={self.eval_video_interval} must be >= 0 (0: no videos)")
         if self.checkpoint_interval_s is not None and not self.checkpoint_interval_s > 0:

@@ -102,7 +102,7 @@ class Trainer:
                 while not self.plan.finished(counters):
                     self._update_schedules()
                     steps_per_env = counters.steps_this_iteration(self.config.unroll_length)
-                    counters.env_steps += self.training.run(steps_per_env) * self.plan.total_envs
+                    counters.env_steps += round(self.training.run(steps_per_env) * self.plan.total_envs)
                     counters.iteration += 1
                     self.collector.publish_parameters(counters.iteration, self.plan.progress(counters))
                     self._after_iteration()
@@ -162,7 +162,7 @@ class Trainer:
         steps = self.training.steps_before_training(self.counters)
         if steps > 0:
             start = time.monotonic()
-            self.counters.env_steps += self.collector.warm_up(steps) * self.plan.total_envs
+            self.counters.env_steps += round(self.collector.warm_up(steps) * self.plan.total_envs)
             logging.info("collected %d initial env steps in %.1fs", steps * self.plan.total_envs,
                          time.monotonic() - start)
 

@@ -122,15 +122,15 @@ class TrainingStep:
         """Steps per env to collect before the first iteration (the warm-up), given what ``counters`` say was done."""
         return 0
 
-    def run(self, steps_per_env: int) -> int:
-        """Collect ``steps_per_env`` steps per env and train; returns the steps per env collected."""
+    def run(self, steps_per_env: int) -> float:
+        """Collect ``steps_per_env`` steps per env and train; returns the steps per env collected (``collect``'s)."""
         start = time.monotonic()
         collected = self._collect_and_train(steps_per_env)
         self.timing["train_s"] = time.monotonic() - start - self.timing["unroll_s"]
         self.algorithm.after_train_iter()
         return collected
 
-    def _collect_and_train(self, steps_per_env: int) -> int:
+    def _collect_and_train(self, steps_per_env: int) -> float:
         raise NotImplementedError
 
     def summary(self) -> dict[str, float]:
@@ -195,7 +195,7 @@ class ReplayTraining(TrainingStep):
             target = min(target, self.settings.num_env_steps)
         return max(0, math.ceil((target - counters.env_steps) / self.settings.total_envs))
 
-    def _collect_and_train(self, steps_per_env: int) -> int:
+    def _collect_and_train(self, steps_per_env: int) -> float:
         start = time.monotonic()
         collected = self.collector.collect(steps_per_env)
         self.timing["unroll_s"] = time.monotonic() - start

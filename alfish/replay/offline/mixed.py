@@ -83,8 +83,8 @@ class MixedReplayBuffer:
     def clear(self, keep_last: int = 0) -> None:
         self.online.clear(keep_last)
 
-    def truncate_episodes(self) -> None:
-        self.online.truncate_episodes()
+    def truncate_episodes(self, env_ids: Optional[torch.Tensor] = None) -> None:
+        self.online.truncate_episodes(env_ids)
 
     def __len__(self) -> int:
         """Steps collected online (what a warm-up or a refill looks at)."""

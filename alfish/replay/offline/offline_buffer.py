@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ class OfflineReplayBuffer(ReplayBuffer):
     def clear(self, keep_last: int = 0) -> None:
         raise RuntimeError("the offline replay buffer is read-only and cannot be cleared")
 
-    def truncate_episodes(self) -> None:
+    def truncate_episodes(self, env_ids: Optional[torch.Tensor] = None) -> None:
         """Nothing to do: every stored episode is whole."""
 
     def state_dict(self) -> dict:

@@ -1,0 +1,182 @@
+"""The async unroll's child processes of one rank: ``N`` children (``TrainerConfig.num_unroll_processes``), each
+stepping its equal share of the rank's envs with its own copy of the rollout policy, all feeding ONE bounded queue
+and all reading ONE shared parameter block (written once per publish, read by each child before its next step).
+
+Child ``p`` of ``N`` steps envs ``[p B/N, (p + 1) B/N)`` of the rank's ``B``: the same env ids and env seeds as one
+child stepping all ``B`` (``EnvSettings.share``), so the replay buffer's rings, the episodes and the seeds do not
+depend on ``N``. Its reset seed is the trainer's plus ``p B/N`` and its action-sampling stream starts from that plus
+``CHILD_SEED_OFFSET``: distinct for every child of every rank (``alfish/seeding.py``). Every item a child puts on the
+queue carries its index. Each child has its own command, error and reply queues (a failure names the child), and all
+share the stop flag: closing stops them together, each wait bounded.
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import multiprocessing as mp
+import queue
+import signal
+import time
+from typing import Any, Callable, Optional
+
+import psutil
+
+from alfish.collect.async_child import UnrollSpec, child_main
+from alfish.collect.child_process import ChildChannels, reap_child, spawn_child, wake_child, without_rank_variables
+from alfish.collect.shared_params import POLL_S, AsyncUnrollError, SharedParams
+from alfish.envs.spec import EnvSpec
+
+
+def _is_stopped(pid: int) -> bool:
+    """True when process ``pid`` is stopped (SIGSTOP/SIGTSTP, or traced by a debugger)."""
+    try:
+        return psutil.Process(pid).status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+    except psutil.Error:
+        return False  # gone: check reports it
+
+
+@dataclasses.dataclass
+class _Child:
+    process: Any
+    channels: ChildChannels
+    share: int  # envs it steps
+    first_env_id: int
+
+
+class UnrollProcesses:
+    """Starts ``num_processes`` unroll children from ``spec`` (its env settings are the whole rank's batch), waits
+    for their env specs, starts them acting, checks them, and stops them.
+
+    ``steps`` is the queue every child puts its items on: ``(experience numpy [B/N], version, env_step_s, index)``.
+    ``spec`` (after construction): the rank's ``EnvSpec``, ``num_envs = B``.
+    """
+
+    def __init__(self, spec: UnrollSpec, num_processes: int, queue_size: int, close: Callable[[], None],
+                 startup_timeout_s: float = 300.0):
+        if num_processes < 1:
+            raise ValueError(f"TrainerConfig.num_unroll_processes={num_processes} must be >= 1")
+        self._ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or signal handlers
+        with without_rank_variables():  # (the first lock may start multiprocessing's resource tracker process)
+            self.shared = SharedParams(self._ctx)
+            self.steps = self._ctx.Queue(maxsize=queue_size)
+        self.stop = self._ctx.RawValue("b", 0)  # a flag, not an Event (child_process.py)
+        self.startup_timeout_s = startup_timeout_s
+        self.children: list[_Child] = []
+        shares = [spec.env_settings.share(p, num_processes) for p in range(num_processes)]
+        try:
+            for index, settings in enumerate(shares):
+                self._spawn(dataclasses.replace(spec, env_settings=settings, process_index=index), num_processes,
+                            close)
+            specs = self._receive_specs()
+        except BaseException:
+            self.close()
+            raise
+        self.spec = dataclasses.replace(specs[0], num_envs=spec.env_settings.num_parallel_environments)
+
+    def _spawn(self, spec: UnrollSpec, num_processes: int, close: Callable[[], None]) -> None:
+        settings, index = spec.env_settings, spec.process_index
+        with without_rank_variables():
+            channels = ChildChannels(results=self.steps, errors=self._ctx.Queue(), commands=self._ctx.Queue(),
+                                     stop=self.stop, replies=self._ctx.Queue())
+        name = "alfish-async-unroll" + (f"-{index}" if num_processes > 1 else "")
+        process = spawn_child(self._ctx, child_main, name, (spec, self.shared, channels), close)
+        self.children.append(_Child(process, channels, settings.num_parallel_environments, settings.first_env_id))
+        logging.info("async unroll: child process %d started (envs %d..%d)", process.pid, settings.first_env_id,
+                     settings.first_env_id + settings.num_parallel_environments - 1)
+
+    @property
+    def num_processes(self) -> int:
+        return len(self.children)
+
+    @property
+    def pids(self) -> list[int]:
+        return [c.process.pid for c in self.children]
+
+    def _receive_specs(self) -> list[EnvSpec]:
+        deadline = time.monotonic() + self.startup_timeout_s
+        specs = []
+        for index, child in enumerate(self.children):
+            while True:
+                try:
+                    specs.append(child.channels.replies.get(timeout=POLL_S))
+                    break
+                except queue.Empty:
+                    self.check()
+                    if time.monotonic() > deadline:
+                        raise AsyncUnrollError(f"{self.describe(index)} did not report its envs within "
+                                               f"{self.startup_timeout_s:.0f} s; is creating the environment hung?"
+                                               ) from None
+        return specs
+
+    def start(self, block_name: str, seed: Optional[int]) -> None:
+        """Every child: load the parameter block ``block_name`` and reset its envs, child ``p`` with ``seed`` plus
+        its first env id (env ``i`` of the rank gets ``seed + i``)."""
+        for child in self.children:
+            child.channels.commands.put(("start", block_name, None if seed is None else seed + child.first_env_id))
+
+    def describe(self, index: int) -> str:
+        """'the async unroll child (pid P)', with its index when there are several."""
+        which = f" {index} of {self.num_processes}" if self.num_processes > 1 else ""
+        return f"the async unroll child{which} (pid {self.children[index].process.pid})"
+
+    def check(self) -> None:
+        """Raise ``AsyncUnrollError`` if a child reported an exception or is no longer running."""
+        for index, child in enumerate(self.children):
+            try:
+                child_traceback = child.channels.errors.get_nowait()
+            except queue.Empty:
+                child_traceback = None
+            if child_traceback is not None:
+                raise AsyncUnrollError(f"{self.describe(index)} failed:\n{child_traceback}")
+            process = child.process
+            if process is not None and not process.is_alive():
+                code = process.exitcode
+                if code is not None and code < 0:
+                    raise AsyncUnrollError(f"{self.describe(index)} was killed by signal {signal.Signals(-code).name}")
+                raise AsyncUnrollError(f"{self.describe(index)} exited with code {code}")
+
+    def check_not_stopped(self, silent_s: float, grace_s: float) -> None:
+        """After ``silent_s`` without an item: a child that is stopped (SIGSTOP, a debugger) for longer than
+        ``grace_s`` is an error (a brief Ctrl-Z/bg is forgiven)."""
+        if silent_s <= grace_s:
+            return
+        for index, child in enumerate(self.children):
+            if _is_stopped(child.process.pid):
+                raise AsyncUnrollError(
+                    f"{self.describe(index)} is stopped (SIGSTOP or a debugger) and sent no env step for "
+                    f"{silent_s:.0f} s; do not stop the child of a running job (re-run the same command to resume "
+                    "from the last checkpoint)")
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop every child (flag, then terminate, then kill; each step waits at most ``timeout_s / 2``)."""
+        if not self.children:
+            return
+        self.stop.value = 1
+        for child in self.children:
+            wake_child(child.process)  # a stopped child would see the flag only after every timeout
+        deadline = time.monotonic() + timeout_s / 2
+        while any(c.process.is_alive() for c in self.children) and time.monotonic() < deadline:
+            self.drain()  # a child blocked on a full queue sees the stop flag sooner
+            for child in self.children:
+                child.process.join(timeout=0.05 / len(self.children))
+        for child in self.children:
+            if child.process.is_alive():
+                child.process.terminate()
+        self.drain()
+        for child in self.children:
+            channels = child.channels
+            reap_child(child.process, (channels.errors, channels.replies, channels.commands), timeout_s)
+        self.steps.cancel_join_thread()
+        self.steps.close()
+        self.children = []
+
+    def drain(self) -> None:
+        try:
+            while True:
+                self.steps.get_nowait()
+        except (queue.Empty, OSError, ValueError):
+            pass
+
+    def unregister(self, close: Callable[[], None]) -> None:
+        atexit.unregister(close)
