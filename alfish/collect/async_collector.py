@@ -237,7 +237,8 @@ class AsyncCollector(Collector):
         for p in range(n):
             while self._pending[p] and not full(p):
                 self._consider(self._pending[p].popleft(), taken)
-        last_arrival = time.monotonic()
+        last_arrival = [time.monotonic()] * n
+        last_check = time.monotonic()
         read = 0
         steps = self.processes.steps
         while True:
@@ -252,22 +253,40 @@ class AsyncCollector(Collector):
                 self.processes.check()
                 if num_steps is None:
                     break
-                silent_s = time.monotonic() - last_arrival
-                self.processes.check_not_stopped(silent_s, STOPPED_GRACE_S)
-                if silent_s > self.stall_timeout_s:
-                    raise AsyncUnrollError(f"the async unroll ({self._which_silent(taken, wanted)}) is alive but sent "
-                                           f"no env step for {self.stall_timeout_s:.0f} s; is the environment hung?"
-                                           ) from None
-                continue
-            last_arrival = time.monotonic()
-            read += 1
-            exp_numpy, version, env_step_s, process = item
-            step = ReceivedStep(nest.map_nest(torch.from_numpy, exp_numpy), version, env_step_s, process)
-            if full(process):
-                self._pending[process].append(step)
-            else:
-                self._consider(step, taken)
+                item = None
+            if item is not None:
+                read += 1
+                exp_numpy, version, env_step_s, process = item
+                last_arrival[process] = time.monotonic()
+                step = ReceivedStep(nest.map_nest(torch.from_numpy, exp_numpy), version, env_step_s, process)
+                if full(process):
+                    self._pending[process].append(step)  # (read on: the others' steps may be behind it)
+                else:
+                    self._consider(step, taken)
+            if time.monotonic() - last_check > POLL_S:  # (steps of the other processes may keep arriving)
+                last_check = time.monotonic()
+                self.processes.check()
+                self._check_silence(last_arrival, [full(p) for p in range(n)], quorum)
         return [step for process_steps in taken for step in process_steps]
+
+    def _check_silence(self, last_arrival: list[float], full: list[bool], quorum: int) -> None:
+        """The round cannot complete when fewer than ``quorum`` processes are done or still sending: raise for the
+        silent ones, stopped (SIGSTOP, a debugger: after ``STOPPED_GRACE_S``) or hung (after ``stall_timeout_s``)."""
+        now = time.monotonic()
+        waiting = [p for p in range(len(full)) if not full[p]]
+        stopped = [p for p in waiting
+                   if now - last_arrival[p] > STOPPED_GRACE_S and self.processes.is_stopped(p)]
+        hung = [p for p in waiting if now - last_arrival[p] > self.stall_timeout_s and p not in stopped]
+        if len(full) - len(stopped) - len(hung) >= quorum:
+            return
+        if stopped:
+            p = stopped[0]
+            raise AsyncUnrollError(
+                f"{self.processes.describe(p)} is stopped (SIGSTOP or a debugger) and sent no env step for "
+                f"{now - last_arrival[p]:.0f} s; do not stop the child of a running job (re-run the same command to "
+                "resume from the last checkpoint)")
+        raise AsyncUnrollError(f"{self.processes.describe(hung[0])} is alive but sent no env step for "
+                               f"{self.stall_timeout_s:.0f} s; is the environment hung?")
 
     def _consider(self, step: ReceivedStep, taken: list[list[ReceivedStep]]) -> None:
         """Take ``step``, or drop it when its policy is too old (its episode statistics still count)."""
@@ -280,10 +299,6 @@ class AsyncCollector(Collector):
         if self._gap[step.process]:
             step.after_gap, self._gap[step.process] = True, False
         taken[step.process].append(step)
-
-    def _which_silent(self, taken: list[list[ReceivedStep]], wanted: list[int]) -> str:
-        short = [self.processes.describe(p) for p in range(len(taken)) if len(taken[p]) < wanted[p]]
-        return ", ".join(short) if short else "every child"
 
     # ------------------------------------------------------------------------------------------------- liveness --
     def _children_alive(self) -> bool:

@@ -136,17 +136,9 @@ class UnrollProcesses:
                     raise AsyncUnrollError(f"{self.describe(index)} was killed by signal {signal.Signals(-code).name}")
                 raise AsyncUnrollError(f"{self.describe(index)} exited with code {code}")
 
-    def check_not_stopped(self, silent_s: float, grace_s: float) -> None:
-        """After ``silent_s`` without an item: a child that is stopped (SIGSTOP, a debugger) for longer than
-        ``grace_s`` is an error (a brief Ctrl-Z/bg is forgiven)."""
-        if silent_s <= grace_s:
-            return
-        for index, child in enumerate(self.children):
-            if _is_stopped(child.process.pid):
-                raise AsyncUnrollError(
-                    f"{self.describe(index)} is stopped (SIGSTOP or a debugger) and sent no env step for "
-                    f"{silent_s:.0f} s; do not stop the child of a running job (re-run the same command to resume "
-                    "from the last checkpoint)")
+    def is_stopped(self, index: int) -> bool:
+        """Whether child ``index`` is stopped (SIGSTOP/SIGTSTP, or traced by a debugger)."""
+        return _is_stopped(self.children[index].process.pid)
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop every child (flag, then terminate, then kill; each step waits at most ``timeout_s / 2``)."""

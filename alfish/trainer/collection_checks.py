@@ -22,12 +22,16 @@ def check_collection(config: TrainerConfig, options: RunOptions,
                          "every unroll process delivered its unroll_length steps: it needs "
                          "Trainer.num_unroll_processes > 1 and TrainerConfig.unroll_length > 0 (with unroll_length = 0 "
                          "an iteration takes what has arrived anyway)")
+    if algorithm is None:  # (a constructor function: checked again once built)
+        return
+    if algorithm.on_policy:
+        if options.unroll_min_fraction != 1.0:
+            name = algorithm.__name__ if isinstance(algorithm, type) else type(algorithm).__name__
+            raise ValueError(f"Trainer.unroll_min_fraction={options.unroll_min_fraction}: {name} trains on whole "
+                             "unrolls of every env, so every unroll process must deliver its share; set it to 1")
+        return
     uneven = config.unroll_length == 0 or options.unroll_min_fraction != 1.0
     if config.async_unroll and config.whole_replay_buffer_training and options.num_unroll_processes > 1 and uneven:
         raise ValueError("TrainerConfig.whole_replay_buffer_training=True trains on the same number of steps of every "
                          "env, so with Trainer.num_unroll_processes > 1 every process must deliver unroll_length steps "
                          "each iteration: set TrainerConfig.unroll_length > 0 and Trainer.unroll_min_fraction = 1")
-    if algorithm is not None and algorithm.on_policy and options.unroll_min_fraction != 1.0:
-        name = algorithm.__name__ if isinstance(algorithm, type) else type(algorithm).__name__
-        raise ValueError(f"Trainer.unroll_min_fraction={options.unroll_min_fraction}: {name} trains on whole unrolls "
-                         "of every env, so every unroll process must deliver its share; set it to 1")

@@ -195,6 +195,32 @@ TrainerConfig.evaluate = False
     assert env_steps[-1] == 20 + sum(received)  # the 20 warm-up steps, then what each iteration took
 
 
+@pytest.mark.timeout(120)
+def test_two_unroll_processes_feed_one_learner_and_every_step_is_counted(tmp_path):
+    conf = SAC_POINT_GOAL + ASYNC + """
+create_environment.num_parallel_environments = 4
+Trainer.num_unroll_processes = 2
+Trainer.max_policy_lag = 2
+TrainerConfig.unroll_length = 0
+TrainerConfig.max_unroll_length = 2
+TrainerConfig.initial_collect_steps = 20
+TrainerConfig.num_iterations = 150
+TrainerConfig.num_env_steps = 0
+TrainerConfig.summary_interval = 1
+TrainerConfig.evaluate = False
+"""
+    root = run_trainer_from_text(tmp_path, conf)
+    scalars = tb_scalars(root)
+    received = [v for _, v in scalars["async/steps_received"]]  # batched steps of one process: 2 envs each
+    env_steps = [v for _, v in scalars["train/env_steps"]]
+    assert len(received) == 150 and max(received) <= 2 * 2  # max_unroll_length per process
+    assert env_steps[-1] == 20 + 2 * sum(received)  # the warm-up (5 steps of each env), then what each took
+    assert "async/dropped_env_steps" in scalars  # counted (how many depends on timing)
+    lags = [v for _, v in scalars["async/policy_lag_versions_max"]]
+    assert max(lags) <= 2  # max_policy_lag: nothing older was trained on
+    assert not unroll_children(os.getpid())
+
+
 @pytest.mark.timeout(90)
 def test_the_child_may_step_env_worker_processes_and_is_not_taken_for_a_rank(tmp_path, monkeypatch):
     """vectorization='async' inside the async unroll child: its envs are worker processes of its own, which a daemonic

@@ -29,6 +29,24 @@ from alfish.trainer.resume import check_resumable
      "acted them; set A2cAlgorithm.off_policy_correction='vtrace', or async_unroll=False"),
     (dict(algorithm_ctor=SacAlgorithm, async_unroll=True), RunOptions(random_warm_up_actions=True),
      "Trainer.random_warm_up_actions=True needs an off-policy algorithm and a synchronous unroll"),
+    (dict(algorithm_ctor=SacAlgorithm), RunOptions(num_unroll_processes=2),
+     "Trainer.num_unroll_processes, unroll_min_fraction and max_policy_lag shape an asynchronous unroll: set "
+     "TrainerConfig.async_unroll=True, or remove them"),
+    (dict(algorithm_ctor=SacAlgorithm), RunOptions(max_policy_lag=3),
+     "Trainer.num_unroll_processes, unroll_min_fraction and max_policy_lag shape an asynchronous unroll"),
+    (dict(algorithm_ctor=SacAlgorithm, async_unroll=True), RunOptions(unroll_min_fraction=0.5),
+     "Trainer.unroll_min_fraction=0.5 lets an iteration start before every unroll process delivered its "
+     "unroll_length steps: it needs Trainer.num_unroll_processes > 1 and TrainerConfig.unroll_length > 0"),
+    (dict(algorithm_ctor=SacAlgorithm, async_unroll=True, unroll_length=0, num_iterations=5),
+     RunOptions(num_unroll_processes=2, unroll_min_fraction=0.5),
+     "Trainer.unroll_min_fraction=0.5 lets an iteration start before every unroll process delivered"),
+    (dict(algorithm_ctor=SacAlgorithm, async_unroll=True, unroll_length=0, num_iterations=5),
+     RunOptions(num_unroll_processes=2),
+     "TrainerConfig.whole_replay_buffer_training=True trains on the same number of steps of every env, so with "
+     "Trainer.num_unroll_processes > 1 every process must deliver unroll_length steps each iteration"),
+    (dict(algorithm_ctor=A2cAlgorithm, async_unroll=True), RunOptions(num_unroll_processes=2, unroll_min_fraction=0.5),
+     "Trainer.unroll_min_fraction=0.5: A2cAlgorithm trains on whole unrolls of every env, so every unroll process "
+     "must deliver its share; set it to 1"),
 ])
 def test_unservable_combinations_fail_before_anything_starts(tmp_path, settings, options, message):
     root = tmp_path / "root"
