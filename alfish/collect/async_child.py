@@ -32,8 +32,8 @@ class UnrollSpec:
     and the pacing. gin_constants: the ``gin.constant`` values the text may name (default: those registered in this
     process when the spec is made). acting_device: where the child's policy acts, ``DevicePolicy.rollout_device``
     resolved in the trainer when the spec is made (under torchrun with its ``LOCAL_RANK``: the child has none).
-    process_index: which of the rank's unroll processes this is (``unroll_processes.py``); each item it sends
-    says so."""
+    process_index: which of the rank's unroll processes this is (``unroll_processes.py``), and generation: how many
+    children stepped its envs before it (a replacement after a crash is the next); each item it sends says both."""
 
     env_settings: EnvSettings
     config_text: str
@@ -43,6 +43,7 @@ class UnrollSpec:
     gin_constants: dict[str, Any] = dataclasses.field(default_factory=gin_constants)
     acting_device: torch.device = dataclasses.field(default_factory=resolved_acting_device)
     process_index: int = 0
+    generation: int = 0
 
 
 @dataclasses.dataclass
@@ -102,7 +103,7 @@ def _start_acting(spec: UnrollSpec, config: Any, env: Any, env_spec: Any, shared
 
 def _run(acting: _Acting, spec: UnrollSpec, channels: ChildChannels, parent_alive: Callable[[], bool]) -> None:
     """Step the envs, one item per env step into ``channels.results``, loading each new parameter version first."""
-    step_interval_s, index = spec.step_interval_s, spec.process_index
+    step_interval_s, index, generation = spec.step_interval_s, spec.process_index, spec.generation
     next_tick = time.monotonic()
     stop = channels.stop
     with torch.inference_mode():
@@ -111,7 +112,8 @@ def _run(acting: _Acting, spec: UnrollSpec, channels: ChildChannels, parent_aliv
             if step_interval_s > 0:
                 next_tick = _pace(next_tick, step_interval_s)
             exp = acting.unroller.step()
-            item = (nest.map_nest(lambda x: x.numpy(), exp), acting.version, acting.unroller.last_env_step_s, index)
+            item = (nest.map_nest(lambda x: x.numpy(), exp), acting.version, acting.unroller.last_env_step_s, index,
+                    generation)
             if not _put(channels.results, item, stop, parent_alive):
                 break
 

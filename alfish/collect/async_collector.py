@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import math
 import queue
 import time
@@ -40,7 +41,7 @@ from alfish.collect.collector import Collector, ProgressPoint, Sink
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.collect.policy_lag import PolicyLag
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock, rollout_state
-from alfish.collect.unroll_processes import UnrollProcesses
+from alfish.collect.unroll_processes import UnrollChildFailed, UnrollProcesses
 from alfish.collect.unroller import to_device
 from alfish.data import nest
 from alfish.data.types import Experience, StepType, TimeStep
@@ -59,7 +60,8 @@ class ReceivedStep:
     version: int  # parameter version that chose the actions
     env_step_s: float  # wall-clock of the env.step call in the child
     process: int = 0  # which unroll process stepped it
-    after_gap: bool = False  # steps of its envs before this one were dropped (too old a policy)
+    generation: int = 0  # which child of that process (a replacement after a crash is the next)
+    after_gap: bool = False  # its envs' steps before it were dropped (too old a policy), or another child stepped them
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,11 +73,16 @@ class CollectionSettings:
         delivered its share [unroll_min_fraction].
     max_policy_lag: steps acted by parameters more than this many published versions old are dropped; None: all are
         kept [max_policy_lag].
+    restart_crashed: a child that fails, dies, hangs or is stopped is replaced instead of ending the run
+        [restart_crashed_envs]; more than ``max_restarts_per_hour`` replacements within an hour is the error
+        [max_env_restarts_per_hour].
     """
 
     num_processes: int = 1
     min_fraction: float = 1.0
     max_policy_lag: Optional[int] = None
+    restart_crashed: bool = False
+    max_restarts_per_hour: int = 10
 
 
 STOPPED_GRACE_S = 5.0  # a stopped child is an error after this much silence (a brief Ctrl-Z/bg is forgiven)
@@ -116,6 +123,9 @@ class AsyncCollector(Collector):
         n = self.processes.num_processes
         self._pending: list[collections.deque[ReceivedStep]] = [collections.deque() for _ in range(n)]
         self._gap = [False] * n  # a process's steps were dropped: its next kept step follows a gap
+        self._generation = [0] * n  # the newest child of each process whose steps were taken
+        self.env_restarts = 0
+        self._restart_times: list[float] = []  # monotonic times of the replacements in the last hour
         # collect_trajectory: each process's last row, the first of its next trajectory
         self._carried: list[Optional[Experience]] = [None] * n
         self.spec = self.processes.spec
@@ -207,6 +217,8 @@ class AsyncCollector(Collector):
         scalars = self.policy_lag.summary(self.queue_length())
         if self.collection.max_policy_lag is not None:
             scalars["dropped_env_steps"] = float(self.dropped_env_steps)
+        if self.collection.restart_crashed:
+            scalars["env_restarts"] = float(self.env_restarts)
         return {f"async/{k}": v for k, v in scalars.items()}
 
     def queue_length(self) -> int:
@@ -250,24 +262,57 @@ class AsyncCollector(Collector):
             try:
                 item = steps.get(timeout=POLL_S) if num_steps is not None else steps.get_nowait()
             except queue.Empty:
-                self.processes.check()
+                self._check_children(last_arrival, None)
                 if num_steps is None:
                     break
                 item = None
             if item is not None:
                 read += 1
-                exp_numpy, version, env_step_s, process = item
+                exp_numpy, version, env_step_s, process, generation = item
                 last_arrival[process] = time.monotonic()
-                step = ReceivedStep(nest.map_nest(torch.from_numpy, exp_numpy), version, env_step_s, process)
+                step = ReceivedStep(nest.map_nest(torch.from_numpy, exp_numpy), version, env_step_s, process,
+                                    generation)
                 if full(process):
                     self._pending[process].append(step)  # (read on: the others' steps may be behind it)
                 else:
                     self._consider(step, taken)
             if time.monotonic() - last_check > POLL_S:  # (steps of the other processes may keep arriving)
                 last_check = time.monotonic()
-                self.processes.check()
-                self._check_silence(last_arrival, [full(p) for p in range(n)], quorum)
+                self._check_children(last_arrival, ([full(p) for p in range(n)], quorum))
         return [step for process_steps in taken for step in process_steps]
+
+    def _check_children(self, last_arrival: list[float], round_state: Optional[tuple[list[bool], int]]) -> None:
+        """Raise for a failed, dead, hung or stopped child (``round_state``: which processes are done and how many
+        must be, for the silence checks), or with ``restart_crashed`` replace it and go on."""
+        try:
+            self.processes.check()
+            if round_state is not None:
+                self._check_silence(last_arrival, *round_state)
+        except UnrollChildFailed as failure:
+            if not self.collection.restart_crashed:
+                raise
+            self._restart(failure)
+            last_arrival[failure.index] = time.monotonic()  # (the new child's start-up is not silence)
+
+    def _restart(self, failure: UnrollChildFailed) -> None:
+        """Replace the failed child (the steps it sent before failing are kept: whole transitions; its envs' episodes
+        in flight are cut where its steps end, and never counted as finished), unless that makes more than
+        ``max_restarts_per_hour`` replacements within the last hour."""
+        now = time.monotonic()
+        self._restart_times = [t for t in self._restart_times if now - t < 3600.0] + [now]
+        limit = self.collection.max_restarts_per_hour
+        first_line = one_line(failure)
+        if len(self._restart_times) > limit:
+            raise AsyncUnrollError(f"{first_line} (the unroll children were replaced {len(self._restart_times) - 1} "
+                                   f"times within the last hour, Trainer.max_env_restarts_per_hour={limit}: the env "
+                                   f"keeps failing; the last failure follows)\n{failure}") from failure
+        index = failure.index
+        first = self.processes.first_env_id(index)
+        logging.warning("async unroll: %s; replacing it (restart %d within the last hour, at most %d): the episodes in "
+                        "flight in envs %d..%d are cut", first_line, len(self._restart_times), limit, first,
+                        first + self.processes.num_envs_of(index) - 1)
+        self.processes.replace(index)
+        self.env_restarts += 1
 
     def _check_silence(self, last_arrival: list[float], full: list[bool], quorum: int) -> None:
         """The round cannot complete when fewer than ``quorum`` processes are done or still sending: raise for the
@@ -281,12 +326,12 @@ class AsyncCollector(Collector):
             return
         if stopped:
             p = stopped[0]
-            raise AsyncUnrollError(
+            raise UnrollChildFailed(
                 f"{self.processes.describe(p)} is stopped (SIGSTOP or a debugger) and sent no env step for "
                 f"{now - last_arrival[p]:.0f} s; do not stop the child of a running job (re-run the same command to "
-                "resume from the last checkpoint)")
-        raise AsyncUnrollError(f"{self.processes.describe(hung[0])} is alive but sent no env step for "
-                               f"{self.stall_timeout_s:.0f} s; is the environment hung?")
+                "resume from the last checkpoint)", p)
+        raise UnrollChildFailed(f"{self.processes.describe(hung[0])} is alive but sent no env step for "
+                                f"{self.stall_timeout_s:.0f} s; is the environment hung?", hung[0])
 
     def _consider(self, step: ReceivedStep, taken: list[list[ReceivedStep]]) -> None:
         """Take ``step``, or drop it when its policy is too old (its episode statistics still count)."""
@@ -296,6 +341,9 @@ class AsyncCollector(Collector):
             self.dropped_env_steps += step.experience.step_type.shape[0]
             self._gap[step.process] = True
             return
+        if step.generation != self._generation[step.process]:  # a replacement's first step: another child came before
+            self._generation[step.process] = step.generation
+            self._gap[step.process] = True
         if self._gap[step.process]:
             step.after_gap, self._gap[step.process] = True, False
         taken[step.process].append(step)
@@ -322,6 +370,14 @@ class AsyncCollector(Collector):
         if self.block is not None:
             self.block.close(unlink=True)
             self.block = None
+
+
+def one_line(failure: BaseException) -> str:
+    """A failure's first line, joined with its last one where a traceback follows (the exception itself)."""
+    lines = [line.strip() for line in str(failure).splitlines() if line.strip()]
+    if not lines:
+        return type(failure).__name__
+    return lines[0] if len(lines) == 1 else f"{lines[0].rstrip(':')}: {lines[-1]}"
 
 
 def as_time_step(exp: Experience) -> TimeStep:

@@ -27,6 +27,8 @@ from alfish.collect.child_process import ChildChannels, reap_child, spawn_child,
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, SharedParams
 from alfish.envs.spec import EnvSpec
 
+JOIN_TIMEOUT_S = 2.5  # a replaced child's terminate, then kill, each waited on this long
+
 
 def _is_stopped(pid: int) -> bool:
     """True when process ``pid`` is stopped (SIGSTOP/SIGTSTP, or traced by a debugger)."""
@@ -38,52 +40,53 @@ def _is_stopped(pid: int) -> bool:
 
 @dataclasses.dataclass
 class _Child:
+    spec: UnrollSpec  # its share of the envs and its index
     process: Any
     channels: ChildChannels
-    share: int  # envs it steps
-    first_env_id: int
+    start_seed: Optional[int] = None  # the reset seed it was started with (None: its env settings' own)
+    restarts: int = 0  # how often this share's child was replaced
+
+
+class UnrollChildFailed(AsyncUnrollError):
+    """One unroll child failed, died, stalled or was stopped; ``index`` says which (``UnrollProcesses.replace``)."""
+
+    def __init__(self, message: str, index: int):
+        super().__init__(message)
+        self.index = index
 
 
 class UnrollProcesses:
     """Starts ``num_processes`` unroll children from ``spec`` (its env settings are the whole rank's batch), waits
-    for their env specs, starts them acting, checks them, and stops them.
+    for their env specs, starts them acting, checks them, replaces a failed one, and stops them.
 
-    ``steps`` is the queue every child puts its items on: ``(experience numpy [B/N], version, env_step_s, index)``.
+    ``steps`` is the queue every child puts its items on: ``(experience numpy [B/N], version, env_step_s, index,
+    generation)``.
     ``spec`` (after construction): the rank's ``EnvSpec``, ``num_envs = B``.
     """
 
     def __init__(self, spec: UnrollSpec, num_processes: int, queue_size: int, close: Callable[[], None],
                  startup_timeout_s: float = 300.0):
         if num_processes < 1:
-            raise ValueError(f"TrainerConfig.num_unroll_processes={num_processes} must be >= 1")
+            raise ValueError(f"Trainer.num_unroll_processes={num_processes} must be >= 1")
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or signal handlers
         with without_rank_variables():  # (the first lock may start multiprocessing's resource tracker process)
             self.shared = SharedParams(self._ctx)
             self.steps = self._ctx.Queue(maxsize=queue_size)
         self.stop = self._ctx.RawValue("b", 0)  # a flag, not an Event (child_process.py)
         self.startup_timeout_s = startup_timeout_s
+        self._close = close  # the owner's close, run at exit (spawn_child registers it)
+        self._block_name: Optional[str] = None
         self.children: list[_Child] = []
         shares = [spec.env_settings.share(p, num_processes) for p in range(num_processes)]
         try:
             for index, settings in enumerate(shares):
-                self._spawn(dataclasses.replace(spec, env_settings=settings, process_index=index), num_processes,
-                            close)
-            specs = self._receive_specs()
+                self.children.append(self._spawn(dataclasses.replace(spec, env_settings=settings,
+                                                                     process_index=index), num_processes))
+            specs = [self._receive_spec(index) for index in range(num_processes)]
         except BaseException:
             self.close()
             raise
         self.spec = dataclasses.replace(specs[0], num_envs=spec.env_settings.num_parallel_environments)
-
-    def _spawn(self, spec: UnrollSpec, num_processes: int, close: Callable[[], None]) -> None:
-        settings, index = spec.env_settings, spec.process_index
-        with without_rank_variables():
-            channels = ChildChannels(results=self.steps, errors=self._ctx.Queue(), commands=self._ctx.Queue(),
-                                     stop=self.stop, replies=self._ctx.Queue())
-        name = "alfish-async-unroll" + (f"-{index}" if num_processes > 1 else "")
-        process = spawn_child(self._ctx, child_main, name, (spec, self.shared, channels), close)
-        self.children.append(_Child(process, channels, settings.num_parallel_environments, settings.first_env_id))
-        logging.info("async unroll: child process %d started (envs %d..%d)", process.pid, settings.first_env_id,
-                     settings.first_env_id + settings.num_parallel_environments - 1)
 
     @property
     def num_processes(self) -> int:
@@ -93,48 +96,83 @@ class UnrollProcesses:
     def pids(self) -> list[int]:
         return [c.process.pid for c in self.children]
 
-    def _receive_specs(self) -> list[EnvSpec]:
+    def _spawn(self, spec: UnrollSpec, num_processes: int) -> _Child:
+        settings, index = spec.env_settings, spec.process_index
+        with without_rank_variables():
+            channels = ChildChannels(results=self.steps, errors=self._ctx.Queue(), commands=self._ctx.Queue(),
+                                     stop=self.stop, replies=self._ctx.Queue())
+        name = "alfish-async-unroll" + (f"-{index}" if num_processes > 1 else "")
+        process = spawn_child(self._ctx, child_main, name, (spec, self.shared, channels), self._close)
+        logging.info("async unroll: child process %d started (envs %d..%d)", process.pid, settings.first_env_id,
+                     settings.first_env_id + settings.num_parallel_environments - 1)
+        return _Child(spec, process, channels)
+
+    def _receive_spec(self, index: int) -> EnvSpec:
         deadline = time.monotonic() + self.startup_timeout_s
-        specs = []
-        for index, child in enumerate(self.children):
-            while True:
-                try:
-                    specs.append(child.channels.replies.get(timeout=POLL_S))
-                    break
-                except queue.Empty:
-                    self.check()
-                    if time.monotonic() > deadline:
-                        raise AsyncUnrollError(f"{self.describe(index)} did not report its envs within "
-                                               f"{self.startup_timeout_s:.0f} s; is creating the environment hung?"
-                                               ) from None
-        return specs
+        while True:
+            try:
+                return self.children[index].channels.replies.get(timeout=POLL_S)
+            except queue.Empty:
+                self.check(only=index)
+                if time.monotonic() > deadline:
+                    raise UnrollChildFailed(f"{self.describe(index)} did not report its envs within "
+                                            f"{self.startup_timeout_s:.0f} s; is creating the environment hung?",
+                                            index) from None
 
     def start(self, block_name: str, seed: Optional[int]) -> None:
         """Every child: load the parameter block ``block_name`` and reset its envs, child ``p`` with ``seed`` plus
         its first env id (env ``i`` of the rank gets ``seed + i``)."""
+        self._block_name = block_name
         for child in self.children:
-            child.channels.commands.put(("start", block_name, None if seed is None else seed + child.first_env_id))
+            child.start_seed = None if seed is None else seed + child.spec.env_settings.first_env_id
+            child.channels.commands.put(("start", block_name, child.start_seed))
+
+    def replace(self, index: int) -> None:
+        """Replace child ``index`` (failed, dead, hung or stopped) by a new one stepping the same envs: the old one is
+        terminated (then killed; bounded), the new one builds its envs, reports them and starts acting with the
+        published parameters, its envs reset with the ``k``-th reseed of the share's seed (``seeding.reseed``: not the
+        episodes that failed again). Raises ``UnrollChildFailed`` when the new one fails to start."""
+        from alfish.seeding import reseed
+
+        old = self.children[index]
+        reap_child(old.process, (old.channels.errors, old.channels.replies, old.channels.commands), JOIN_TIMEOUT_S * 2)
+        child = self._spawn(dataclasses.replace(old.spec, generation=old.spec.generation + 1), self.num_processes)
+        child.restarts = old.restarts + 1
+        self.children[index] = child
+        self._receive_spec(index)
+        base = old.start_seed if old.start_seed is not None else old.spec.env_settings.seed
+        child.start_seed = reseed(base, child.restarts)
+        child.channels.commands.put(("start", self._block_name, child.start_seed))
 
     def describe(self, index: int) -> str:
         """'the async unroll child (pid P)', with its index when there are several."""
         which = f" {index} of {self.num_processes}" if self.num_processes > 1 else ""
         return f"the async unroll child{which} (pid {self.children[index].process.pid})"
 
-    def check(self) -> None:
-        """Raise ``AsyncUnrollError`` if a child reported an exception or is no longer running."""
+    def first_env_id(self, index: int) -> int:
+        return self.children[index].spec.env_settings.first_env_id
+
+    def num_envs_of(self, index: int) -> int:
+        return self.children[index].spec.env_settings.num_parallel_environments
+
+    def check(self, only: Optional[int] = None) -> None:
+        """Raise ``UnrollChildFailed`` if a child (or child ``only``) reported an exception or is no longer running."""
         for index, child in enumerate(self.children):
+            if only is not None and index != only:
+                continue
             try:
                 child_traceback = child.channels.errors.get_nowait()
             except queue.Empty:
                 child_traceback = None
             if child_traceback is not None:
-                raise AsyncUnrollError(f"{self.describe(index)} failed:\n{child_traceback}")
+                raise UnrollChildFailed(f"{self.describe(index)} failed:\n{child_traceback}", index)
             process = child.process
             if process is not None and not process.is_alive():
                 code = process.exitcode
                 if code is not None and code < 0:
-                    raise AsyncUnrollError(f"{self.describe(index)} was killed by signal {signal.Signals(-code).name}")
-                raise AsyncUnrollError(f"{self.describe(index)} exited with code {code}")
+                    raise UnrollChildFailed(f"{self.describe(index)} was killed by signal "
+                                            f"{signal.Signals(-code).name}", index)
+                raise UnrollChildFailed(f"{self.describe(index)} exited with code {code}", index)
 
     def is_stopped(self, index: int) -> bool:
         """Whether child ``index`` is stopped (SIGSTOP/SIGTSTP, or traced by a debugger)."""

@@ -352,7 +352,8 @@ def build_collector(config: TrainerConfig, options: RunOptions, rank_seed: int,
                           root_dir=config.root_dir, step_interval_s=config.unroll_step_interval,
                           parent_pid=os.getpid())
         collection = CollectionSettings(options.num_unroll_processes, options.unroll_min_fraction,
-                                        options.max_policy_lag)
+                                        options.max_policy_lag, options.restart_crashed_envs,
+                                        options.max_env_restarts_per_hour)
         return AsyncCollector(spec, config.unroll_queue_size, config.max_unroll_length,
                               config.unroll_parameter_update_period,
                               stall_timeout_s=spec.env_settings.step_timeout_s, device=device, collection=collection)

@@ -73,6 +73,13 @@ class RunOptions:
     max_policy_lag: steps acted by parameters more than this many published versions older than the newest are
     dropped (counted in ``async/dropped_env_steps``; the stored episode of their envs is cut there); ``None``: keep
     every step.
+    restart_crashed_envs: an unroll child whose env raises, whose env worker processes die
+    (``vectorization='async'``), that dies itself, hangs past ``create_environment.step_timeout_s`` or is stopped, is
+    replaced by a new one stepping the same envs (reseeded) instead of ending the run: the steps it sent are kept
+    (whole transitions), its envs' episodes in flight are cut there and never counted as finished, and each
+    replacement is logged and counted (``async/env_restarts``). Default: fail fast. Needs the async unroll.
+    max_env_restarts_per_hour: with ``restart_crashed_envs``, one more replacement than this within an hour ends the
+    run with the failure (an env that keeps failing is a bug, not bad luck).
     """
 
     save_replay_buffer: bool = True
@@ -97,6 +104,8 @@ class RunOptions:
     num_unroll_processes: int = 1
     unroll_min_fraction: float = 1.0
     max_policy_lag: Optional[int] = None
+    restart_crashed_envs: bool = False
+    max_env_restarts_per_hour: int = 10
 
     def __post_init__(self) -> None:
         check_setting(self.num_threads)
@@ -111,6 +120,10 @@ class RunOptions:
                 self.max_policy_lag, int) or self.max_policy_lag < 0):
             raise ValueError(f"Trainer.max_policy_lag={self.max_policy_lag!r} must be an int >= 0 (parameter "
                              "versions) or None (no limit)")
+        if isinstance(self.max_env_restarts_per_hour, bool) or not isinstance(self.max_env_restarts_per_hour, int) or (
+                self.max_env_restarts_per_hour < 1):
+            raise ValueError(f"Trainer.max_env_restarts_per_hour={self.max_env_restarts_per_hour!r} must be an int "
+                             ">= 1")
         if self.eval_video_interval < 0:
             raise ValueError(f"Trainer.eval_video_interval={self.eval_video_interval} must be >= 0 (0: no videos)")
         if self.checkpoint_interval_s is not None and not self.checkpoint_interval_s > 0:

@@ -356,3 +356,54 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return False
+
+
+# ------------------------------------------------------------------------------------------------- restarts --
+FAILING_POINT_GOAL = SAC_POINT_GOAL.replace("'alfish/PointGoal-v0'", "'alfish/Latency-v0'") + """
+create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latency_s': 0.0, 'raise_at_step': 7}
+"""
+
+
+def test_a_crashed_child_is_replaced_and_its_episodes_are_cut_not_counted(rig_factory):
+    # Every env raises at its 7th step: each child (and each replacement) sends 6 steps (FIRST + 5 MID) and fails;
+    # a 10-step episode never finishes.
+    # (one process: a replacement's start-up takes seconds, and the replacements of several run one after another)
+    rig = rig_factory(FAILING_POINT_GOAL, processes=1, restart_crashed=True, max_restarts_per_hour=100)
+    collector = rig.collector
+    pids = collector.processes.pids
+    assert collector.collect(8) == 8  # more than one child of each process could give: replacements stepped on
+    assert collector.env_restarts >= 1 and collector.processes.pids != pids
+    assert collector.summary()["async/env_restarts"] == collector.env_restarts
+    assert collector.stats.num_episodes == 0  # no episode was cut short and counted as finished
+    for ids in ([0, 1, 2, 3],):
+        steps = [s for s in rig.sink if s.env_id.tolist() == ids]
+        types = [int(s.step_type[0]) for s in steps]
+        assert len(types) == 8
+        # 6 steps of each child in order, then the next child's FIRST: no MID ever leads into a FIRST, and the steps
+        # before each FIRST after the first were cut (the sink marked its newest stored step LAST)
+        assert types[:6] == [StepType.FIRST] + [StepType.MID] * 5 and types[6] == StepType.FIRST, types
+        cut_at = [index for index, cut in rig.sink.cuts if cut == ids]
+        starts = [index for index, s in enumerate(rig.sink) if s.env_id.tolist() == ids and
+                  int(s.step_type[0]) == StepType.FIRST][1:]
+        assert cut_at == starts, (cut_at, starts)
+
+
+def test_replacements_beyond_the_hourly_limit_end_the_run(rig_factory):
+    rig = rig_factory(FAILING_POINT_GOAL, processes=1, restart_crashed=True, max_restarts_per_hour=2)
+    with pytest.raises(Exception, match=r"the async unroll child \(pid \d+\) failed: RuntimeError: alfish/Latency-v0: "
+                                        r"injected failure at step 7 \(the unroll children were "
+                                        r"replaced 2 times within the last hour, Trainer.max_env_restarts_per_hour="
+                                        r"2: the env keeps failing; the last failure follows\)") as info:
+        rig.collector.collect(100)
+    assert "injected failure at step 7" in str(info.value) and rig.collector.env_restarts == 2
+
+
+def test_a_killed_child_is_replaced_when_restarts_are_on(rig_factory):
+    rig = rig_factory(SAC_POINT_GOAL, processes=2, restart_crashed=True)
+    rig.collector.collect(3)
+    killed = rig.collector.processes.pids[0]
+    os.kill(killed, signal.SIGKILL)
+    rig.collector.collect(40)  # goes on: the new child steps envs 0 and 1
+    assert rig.collector.env_restarts == 1 and killed not in rig.collector.processes.pids
+    with pytest.raises(ProcessLookupError):
+        os.kill(killed, 0)

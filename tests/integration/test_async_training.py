@@ -221,6 +221,31 @@ TrainerConfig.evaluate = False
     assert not unroll_children(os.getpid())
 
 
+@pytest.mark.timeout(120)
+def test_a_run_with_restarts_on_outlives_its_crashing_envs(tmp_path, caplog):
+    # Each env raises at its 30th step: each of the two children is replaced once (5 warm-up + 50 steps per env).
+    conf = SAC_POINT_GOAL.replace("'alfish/PointGoal-v0'", "'alfish/Latency-v0'") + ASYNC + """
+create_environment.env_kwargs = {'env_name': 'alfish/PointGoal-v0', 'latency_s': 0.0, 'raise_at_step': 30}
+create_environment.num_parallel_environments = 2
+Trainer.num_unroll_processes = 2
+Trainer.restart_crashed_envs = True
+TrainerConfig.unroll_length = 1
+TrainerConfig.initial_collect_steps = 10
+TrainerConfig.num_iterations = 50
+TrainerConfig.num_env_steps = 0
+TrainerConfig.summary_interval = 1
+TrainerConfig.evaluate = False
+"""
+    with caplog.at_level("WARNING"):
+        root = run_trainer_from_text(tmp_path, conf)
+    scalars = tb_scalars(root)
+    assert scalars["async/env_restarts"][-1][1] == 2.0
+    assert [v for _, v in scalars["train/env_steps"]][-1] == 10 + 50 * 2  # every iteration got its steps
+    assert caplog.text.count("failed: RuntimeError: alfish/Latency-v0: injected failure at step 30; replacing it "
+                             "(restart") == 2
+    assert not unroll_children(os.getpid())
+
+
 @pytest.mark.timeout(90)
 def test_the_child_may_step_env_worker_processes_and_is_not_taken_for_a_rank(tmp_path, monkeypatch):
     """vectorization='async' inside the async unroll child: its envs are worker processes of its own, which a daemonic
