@@ -61,6 +61,20 @@ def test_ppo_conf_runs_unchanged_on_two_ranks(tmp_path):
 IN_CI = ("sac_pendulum.gin", "ppo_cartpole.gin")  # run by the two tests above
 
 
+@pytest.mark.distributed
+@pytest.mark.timeout(180)
+def test_every_rank_has_its_own_unroll_processes(tmp_path):
+    proc = run(train_command("ppo_cartpole.gin", tmp_path / "root", "TrainerConfig.async_unroll=True",
+                             "PpoAlgorithm.off_policy_correction='vtrace'", "Trainer.num_unroll_processes=2",
+                             "TrainerConfig.unroll_parameter_update_period=1", "TrainerConfig.evaluate=False"))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for rank in (0, 1):
+        assert f"[rank {rank}] INFO training finished: {ITERATIONS} iterations" in proc.stderr, proc.stderr[-3000:]
+        for envs in ("0..3", "4..7"):  # each rank's 8 envs (the conf's), stepped by two children of its own
+            assert f"[rank {rank}] INFO async unroll: child process" in proc.stderr
+            assert proc.stderr.count(f"started (envs {envs})") == 2, proc.stderr[-3000:]
+
+
 @pytest.mark.slow
 @pytest.mark.distributed
 @pytest.mark.timeout(180)
