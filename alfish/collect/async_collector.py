@@ -1,6 +1,6 @@
 """Asynchronous collection: the training envs and copies of the rollout policy step in child processes (one by
-default, ``TrainerConfig.num_unroll_processes`` of them: ``unroll_processes.py``), feeding one bounded queue that the
-trainer drains (DESIGN.md §3.7: a child gets a picklable spec; every wait has a timeout).
+default, ``Trainer.num_unroll_processes`` of them: ``unroll_processes.py``), each feeding a bounded queue of its own
+that the trainer drains (DESIGN.md §3.7: a child gets a picklable spec; every wait has a timeout).
 
 Trainer (``AsyncCollector``)                          Children (``async_child.child_main``, started with ``spawn``)
   __init__: spawn, wait for the EnvSpecs          <-  each builds its share of the envs (the only training instance)
@@ -13,7 +13,8 @@ Trainer (``AsyncCollector``)                          Children (``async_child.ch
 
 How an iteration takes steps (``receive``): with a count (``unroll_length > 0``, *synchronous*) it waits until every
 process has delivered that many steps of its envs, or ``min_fraction`` of the processes have (the others' steps that
-arrived meanwhile are taken too); a process's steps beyond the count wait for the next iteration. Without a count
+arrived meanwhile are taken too); a process's steps beyond the count wait in its queue for the next iteration (a full
+queue pauses its child, so no child runs ahead of the others by more than its queue). Without a count
 (``unroll_length == 0``, *asynchronous*) it takes what has arrived, at most ``max_unroll_length`` per process. With
 ``max_policy_lag``, a step acted by parameters more than that many versions older than the newest published is dropped
 (counted) and does not count towards a process's share: the stored episode of its envs is cut there (the step before
@@ -27,8 +28,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import logging
 import math
+import multiprocessing.connection
 import queue
 import time
 from typing import Any, Callable, Optional
@@ -40,6 +41,7 @@ from alfish.collect.async_child import UnrollSpec
 from alfish.collect.collector import Collector, ProgressPoint, Sink
 from alfish.collect.episode_stats import EpisodeStats
 from alfish.collect.policy_lag import PolicyLag
+from alfish.collect.restarts import RestartBudget
 from alfish.collect.shared_params import POLL_S, AsyncUnrollError, ParamBlock, rollout_state
 from alfish.collect.unroll_processes import UnrollChildFailed, UnrollProcesses
 from alfish.collect.unroller import to_device
@@ -124,8 +126,7 @@ class AsyncCollector(Collector):
         self._pending: list[collections.deque[ReceivedStep]] = [collections.deque() for _ in range(n)]
         self._gap = [False] * n  # a process's steps were dropped: its next kept step follows a gap
         self._generation = [0] * n  # the newest child of each process whose steps were taken
-        self.env_restarts = 0
-        self._restart_times: list[float] = []  # monotonic times of the replacements in the last hour
+        self.restarts = RestartBudget(collection.max_restarts_per_hour)
         # collect_trajectory: each process's last row, the first of its next trajectory
         self._carried: list[Optional[Experience]] = [None] * n
         self.spec = self.processes.spec
@@ -223,7 +224,7 @@ class AsyncCollector(Collector):
 
     def queue_length(self) -> int:
         try:
-            return self.processes.steps.qsize()
+            return sum(self.processes.queue(p).qsize() for p in range(self.processes.num_processes))
         except NotImplementedError:  # macOS
             return -1
 
@@ -233,10 +234,11 @@ class AsyncCollector(Collector):
         """Steps of the processes' envs, grouped by process, each process's in the order its envs stepped.
 
         ``num_steps`` (synchronous): waits (checking the children every 0.2 s) until ``num_steps`` steps of every
-        process have been taken, or of ``min_fraction`` of them unless ``every_process``; ``per_process`` may lower
-        the count of some. ``None`` (asynchronous): whatever has arrived, at most ``max_steps`` per process (0: no
-        limit), without waiting. Steps of a process beyond its count wait for the next call; steps too old for
-        ``max_policy_lag`` are dropped."""
+        process have been taken, or of ``min_fraction`` of them unless ``every_process`` (then the others' steps that
+        have arrived are taken too, up to ``num_steps``); ``per_process`` may lower the count of some. ``None``
+        (asynchronous): whatever has arrived, at most ``max_steps`` per process (0: no limit), without waiting. A
+        process's steps beyond its count stay in its queue (which then pauses it) for the next call; steps too old
+        for ``max_policy_lag`` are dropped."""
         n = self.processes.num_processes
         wanted = per_process or [num_steps or max_steps or 0] * n
         capped = num_steps is not None or max_steps > 0
@@ -246,40 +248,46 @@ class AsyncCollector(Collector):
         def full(p: int) -> bool:
             return capped and len(taken[p]) >= wanted[p]
 
-        for p in range(n):
-            while self._pending[p] and not full(p):
-                self._consider(self._pending[p].popleft(), taken)
         last_arrival = [time.monotonic()] * n
         last_check = time.monotonic()
-        read = 0
-        steps = self.processes.steps
         while True:
+            for p in range(n):  # what has arrived, each process up to its count
+                self._take_arrived(p, taken, full, last_arrival)
             done = sum(full(p) for p in range(n))
-            if num_steps is not None and done >= quorum:
+            if num_steps is None or done >= quorum:
                 break
-            if num_steps is None and (done == n or read >= self.queue_size):  # (a bound on what one call holds)
-                break
-            try:
-                item = steps.get(timeout=POLL_S) if num_steps is not None else steps.get_nowait()
-            except queue.Empty:
+            if not self._wait_for_steps([p for p in range(n) if not full(p)]):
                 self._check_children(last_arrival, None)
-                if num_steps is None:
-                    break
-                item = None
-            if item is not None:
-                read += 1
-                exp_numpy, version, env_step_s, process, generation = item
-                last_arrival[process] = time.monotonic()
-                step = ReceivedStep(nest.map_nest(torch.from_numpy, exp_numpy), version, env_step_s, process,
-                                    generation)
-                if full(process):
-                    self._pending[process].append(step)  # (read on: the others' steps may be behind it)
-                else:
-                    self._consider(step, taken)
-            if time.monotonic() - last_check > POLL_S:  # (steps of the other processes may keep arriving)
+            if time.monotonic() - last_check > POLL_S:  # (steps may keep arriving from the others meanwhile)
                 last_check = time.monotonic()
                 self._check_children(last_arrival, ([full(p) for p in range(n)], quorum))
+        if num_steps is None:
+            self._check_children(last_arrival, None)
         return [step for process_steps in taken for step in process_steps]
+
+    def _take_arrived(self, p: int, taken: list[list[ReceivedStep]], full: Callable[[int], bool],
+                      last_arrival: list[float]) -> None:
+        """Process ``p``'s queued steps, until its count is reached or its queue is empty (no wait). Steps a replaced
+        child left in its queue come first."""
+        while self._pending[p] and not full(p):
+            self._consider(self._pending[p].popleft(), taken)
+        steps = self.processes.queue(p)
+        while not full(p):
+            try:
+                exp_numpy, version, env_step_s, process, generation = steps.get_nowait()
+            except queue.Empty:
+                return
+            last_arrival[p] = time.monotonic()
+            self._consider(ReceivedStep(nest.map_nest(torch.from_numpy, exp_numpy), version, env_step_s, process,
+                                        generation), taken)
+
+    def _wait_for_steps(self, processes: list[int]) -> bool:
+        """Wait at most ``POLL_S`` for a step in the queue of one of ``processes``; False when none arrived."""
+        readers = [getattr(self.processes.queue(p), "_reader", None) for p in processes]
+        if any(r is None for r in readers):  # (multiprocessing's Queue keeps its pipe there; without it, poll)
+            time.sleep(0.001)
+            return True
+        return bool(multiprocessing.connection.wait(readers, timeout=POLL_S))
 
     def _check_children(self, last_arrival: list[float], round_state: Optional[tuple[list[bool], int]]) -> None:
         """Raise for a failed, dead, hung or stopped child (``round_state``: which processes are done and how many
@@ -298,21 +306,19 @@ class AsyncCollector(Collector):
         """Replace the failed child (the steps it sent before failing are kept: whole transitions; its envs' episodes
         in flight are cut where its steps end, and never counted as finished), unless that makes more than
         ``max_restarts_per_hour`` replacements within the last hour."""
-        now = time.monotonic()
-        self._restart_times = [t for t in self._restart_times if now - t < 3600.0] + [now]
-        limit = self.collection.max_restarts_per_hour
-        first_line = one_line(failure)
-        if len(self._restart_times) > limit:
-            raise AsyncUnrollError(f"{first_line} (the unroll children were replaced {len(self._restart_times) - 1} "
-                                   f"times within the last hour, Trainer.max_env_restarts_per_hour={limit}: the env "
-                                   f"keeps failing; the last failure follows)\n{failure}") from failure
         index = failure.index
         first = self.processes.first_env_id(index)
-        logging.warning("async unroll: %s; replacing it (restart %d within the last hour, at most %d): the episodes in "
-                        "flight in envs %d..%d are cut", first_line, len(self._restart_times), limit, first,
-                        first + self.processes.num_envs_of(index) - 1)
-        self.processes.replace(index)
-        self.env_restarts += 1
+        last = first + self.processes.num_envs_of(index) - 1
+        self.restarts.spend(failure, f"replacing it: the episodes in flight in envs {first}..{last} are cut")
+        leftover = self.processes.replace(index)
+        self._pending[index].extend(  # (whole steps it queued before failing: they come before its replacement's)
+            ReceivedStep(nest.map_nest(torch.from_numpy, exp_numpy), version, env_step_s, process, generation)
+            for exp_numpy, version, env_step_s, process, generation in leftover)
+
+    @property
+    def env_restarts(self) -> int:
+        """Children replaced so far."""
+        return self.restarts.count
 
     def _check_silence(self, last_arrival: list[float], full: list[bool], quorum: int) -> None:
         """The round cannot complete when fewer than ``quorum`` processes are done or still sending: raise for the
@@ -370,14 +376,6 @@ class AsyncCollector(Collector):
         if self.block is not None:
             self.block.close(unlink=True)
             self.block = None
-
-
-def one_line(failure: BaseException) -> str:
-    """A failure's first line, joined with its last one where a traceback follows (the exception itself)."""
-    lines = [line.strip() for line in str(failure).splitlines() if line.strip()]
-    if not lines:
-        return type(failure).__name__
-    return lines[0] if len(lines) == 1 else f"{lines[0].rstrip(':')}: {lines[-1]}"
 
 
 def as_time_step(exp: Experience) -> TimeStep:

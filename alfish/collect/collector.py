@@ -20,12 +20,15 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.episode_stats import EpisodeStats
+from alfish.collect.restarts import RestartBudget
 from alfish.collect.unroller import Unroller, to_device
 from alfish.data import nest
 from alfish.data.types import Experience
 from alfish.envs.batched_env import BatchedEnv
 from alfish.envs.spec import EnvSpec
+from alfish.envs.workers import EnvWorkerError
 from alfish.learn.device import CPU
+from alfish.seeding import reseed
 from alfish.transforms.base import DataTransformer
 
 
@@ -106,20 +109,28 @@ class SyncCollector(Collector):
     random_warm_up_actions: the warm-up acts uniformly at random (TD3 paper, SB3's ``learning_starts``); the algorithm
     must store no rollout info (checked by ``check_random_actions_storable``).
     device: the training device, where the algorithm (and so its rollout policy) lives.
+    restarts: with env worker processes (``vectorization='async'``), a budget of restarts
+    (``Trainer.restart_crashed_envs``): a worker that dies, raises or hangs is replaced, with all the batch's workers
+    (gymnasium's vector env restarts as a whole), instead of ending the run; every env's episode in flight is cut
+    (the steps taken are stored, the newest of each env marked LAST as a time-limit truncation, and the episode not
+    counted as finished), and an on-policy trajectory in progress is discarded and unrolled again. None: fail fast.
     """
 
-    def __init__(self, env: BatchedEnv, random_warm_up_actions: bool = False, device: torch.device = CPU):
+    def __init__(self, env: BatchedEnv, random_warm_up_actions: bool = False, device: torch.device = CPU,
+                 restarts: Optional[RestartBudget] = None):
         self.env, self.device = env, device
         self.spec = EnvSpec.of(env)
         self.stats = EpisodeStats(env.num_envs)
         self.random_warm_up_actions = random_warm_up_actions
+        self.restarts = restarts
         self.unroller: Optional[Unroller] = None
         self._sink: Optional[Sink] = None
+        self._seed: Optional[int] = None
 
     def start(self, algorithm: Algorithm, transformer: DataTransformer, sink: Optional[Sink],
               seed: Optional[int], progress: ProgressPoint,
               before_publish: Callable[[], None] = lambda: None, resume: Optional[dict] = None) -> None:
-        self._sink = sink
+        self._sink, self._seed = sink, seed
         self.unroller = Unroller(self.env, algorithm, self.stats, transformer.rollout_view(update_stats=True), seed,
                                  self.device)
         self.resumed_exactly = False
@@ -159,17 +170,45 @@ class SyncCollector(Collector):
                 self._sink.add_steps(nest.stack(pending, dim=1))
             pending.clear()
 
+        taken = 0
+
         def store(step: Experience) -> None:
+            nonlocal taken
+            taken += 1
             pending.append(step)
             if len(pending) == WRITE_CHUNK_STEPS:
                 write()
 
-        self.unroller.unroll(steps_per_env, store, random_actions=random_actions)
+        while taken < steps_per_env:
+            try:
+                self.unroller.unroll(steps_per_env - taken, store, random_actions=random_actions)
+            except EnvWorkerError as failure:
+                if pending:
+                    write()
+                self._restart(failure)
+                self._sink.truncate_episodes()  # the stored episodes end where the workers failed
         if pending:
             write()
 
     def collect_trajectory(self, steps_per_env: int, with_grad: bool = True) -> Experience:
-        return self.unroller.unroll_on_policy(steps_per_env, with_grad)
+        while True:
+            try:
+                return self.unroller.unroll_on_policy(steps_per_env, with_grad)
+            except EnvWorkerError as failure:
+                self._restart(failure)  # (the trajectory so far is dropped: it never trains half)
+
+    def _restart(self, failure: EnvWorkerError) -> None:
+        """New env workers after ``failure`` (re-raised without a restart budget, or past it); the envs reset with
+        the next reseed of their seed, not into the same failure."""
+        if self.restarts is None:
+            raise failure
+        self.restarts.spend(failure, f"restarting the {self.env.num_envs} env workers of '{self.env.env_name}': "
+                                     "every env's episode in flight is cut", error=EnvWorkerError)
+        self.env.restart_workers()
+        self.unroller.reset(reseed(self.env.seed if self._seed is None else self._seed, self.restarts.count))
+
+    def summary(self) -> dict[str, float]:
+        return {} if self.restarts is None else {"collect/env_restarts": float(self.restarts.count)}
 
     def close(self) -> None:
         self.env.close()

@@ -1,13 +1,18 @@
-"""The async unroll's child processes of one rank: ``N`` children (``TrainerConfig.num_unroll_processes``), each
-stepping its equal share of the rank's envs with its own copy of the rollout policy, all feeding ONE bounded queue
-and all reading ONE shared parameter block (written once per publish, read by each child before its next step).
+"""The async unroll's child processes of one rank: ``N`` children (``Trainer.num_unroll_processes``), each stepping
+its equal share of the rank's envs with its own copy of the rollout policy into its own bounded queue, all reading
+ONE shared parameter block (written once per publish, read by each child before its next step).
+
+One queue per child, not one shared by all: a child whose queue is full waits, so a fast child cannot run ahead of a
+slow one by more than its queue (the policy lag stays bounded per child, and nothing piles up in the trainer while it
+waits for the slow one); and a child that dies in the middle of a write damages only its own queue, which its
+replacement does not inherit.
 
 Child ``p`` of ``N`` steps envs ``[p B/N, (p + 1) B/N)`` of the rank's ``B``: the same env ids and env seeds as one
 child stepping all ``B`` (``EnvSettings.share``), so the replay buffer's rings, the episodes and the seeds do not
 depend on ``N``. Its reset seed is the trainer's plus ``p B/N`` and its action-sampling stream starts from that plus
 ``CHILD_SEED_OFFSET``: distinct for every child of every rank (``alfish/seeding.py``). Every item a child puts on the
-queue carries its index. Each child has its own command, error and reply queues (a failure names the child), and all
-share the stop flag: closing stops them together, each wait bounded.
+item carries its index. Each child has its own step, command, error and reply queues (a failure names the child), and
+all share the stop flag: closing stops them together, each wait bounded.
 """
 from __future__ import annotations
 
@@ -59,8 +64,8 @@ class UnrollProcesses:
     """Starts ``num_processes`` unroll children from ``spec`` (its env settings are the whole rank's batch), waits
     for their env specs, starts them acting, checks them, replaces a failed one, and stops them.
 
-    ``steps`` is the queue every child puts its items on: ``(experience numpy [B/N], version, env_step_s, index,
-    generation)``.
+    Child ``p`` puts its items on ``queue(p)`` (at most ``queue_size``): ``(experience numpy [B/N], version,
+    env_step_s, index, generation)``.
     ``spec`` (after construction): the rank's ``EnvSpec``, ``num_envs = B``.
     """
 
@@ -71,9 +76,9 @@ class UnrollProcesses:
         self._ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited threads, locks or signal handlers
         with without_rank_variables():  # (the first lock may start multiprocessing's resource tracker process)
             self.shared = SharedParams(self._ctx)
-            self.steps = self._ctx.Queue(maxsize=queue_size)
         self.stop = self._ctx.RawValue("b", 0)  # a flag, not an Event (child_process.py)
         self.startup_timeout_s = startup_timeout_s
+        self.queue_size = queue_size
         self._close = close  # the owner's close, run at exit (spawn_child registers it)
         self._block_name: Optional[str] = None
         self.children: list[_Child] = []
@@ -99,8 +104,8 @@ class UnrollProcesses:
     def _spawn(self, spec: UnrollSpec, num_processes: int) -> _Child:
         settings, index = spec.env_settings, spec.process_index
         with without_rank_variables():
-            channels = ChildChannels(results=self.steps, errors=self._ctx.Queue(), commands=self._ctx.Queue(),
-                                     stop=self.stop, replies=self._ctx.Queue())
+            channels = ChildChannels(results=self._ctx.Queue(maxsize=self.queue_size), errors=self._ctx.Queue(),
+                                     commands=self._ctx.Queue(), stop=self.stop, replies=self._ctx.Queue())
         name = "alfish-async-unroll" + (f"-{index}" if num_processes > 1 else "")
         process = spawn_child(self._ctx, child_main, name, (spec, self.shared, channels), self._close)
         logging.info("async unroll: child process %d started (envs %d..%d)", process.pid, settings.first_env_id,
@@ -127,15 +132,26 @@ class UnrollProcesses:
             child.start_seed = None if seed is None else seed + child.spec.env_settings.first_env_id
             child.channels.commands.put(("start", block_name, child.start_seed))
 
-    def replace(self, index: int) -> None:
+    def queue(self, index: int) -> Any:
+        """Child ``index``'s step queue."""
+        return self.children[index].channels.results
+
+    def replace(self, index: int) -> list[Any]:
         """Replace child ``index`` (failed, dead, hung or stopped) by a new one stepping the same envs: the old one is
         terminated (then killed; bounded), the new one builds its envs, reports them and starts acting with the
         published parameters, its envs reset with the ``k``-th reseed of the share's seed (``seeding.reseed``: not the
-        episodes that failed again). Raises ``UnrollChildFailed`` when the new one fails to start."""
+        episodes that failed again). Returns the items the old one had queued when it ended by exiting (a Python
+        exception: every write it made is whole); a child killed by a signal, hung or stopped may have been cut off
+        in the middle of a write, so its queue is not read. Raises ``UnrollChildFailed`` when the new one fails to
+        start."""
         from alfish.seeding import reseed
 
         old = self.children[index]
-        reap_child(old.process, (old.channels.errors, old.channels.replies, old.channels.commands), JOIN_TIMEOUT_S * 2)
+        old.process.join(timeout=0.5 if old.process.exitcode is None else 0)  # (one that is exiting, let it)
+        whole = old.process.exitcode is not None and old.process.exitcode >= 0
+        leftover = _drain(old.channels.results) if whole else []
+        reap_child(old.process, (old.channels.results, old.channels.errors, old.channels.replies,
+                                 old.channels.commands), JOIN_TIMEOUT_S * 2)
         child = self._spawn(dataclasses.replace(old.spec, generation=old.spec.generation + 1), self.num_processes)
         child.restarts = old.restarts + 1
         self.children[index] = child
@@ -143,6 +159,7 @@ class UnrollProcesses:
         base = old.start_seed if old.start_seed is not None else old.spec.env_settings.seed
         child.start_seed = reseed(base, child.restarts)
         child.channels.commands.put(("start", self._block_name, child.start_seed))
+        return leftover
 
     def describe(self, index: int) -> str:
         """'the async unroll child (pid P)', with its index when there are several."""
@@ -187,26 +204,29 @@ class UnrollProcesses:
             wake_child(child.process)  # a stopped child would see the flag only after every timeout
         deadline = time.monotonic() + timeout_s / 2
         while any(c.process.is_alive() for c in self.children) and time.monotonic() < deadline:
-            self.drain()  # a child blocked on a full queue sees the stop flag sooner
             for child in self.children:
+                if child.process.exitcode is None:  # (a child that ended may have been cut off mid-write)
+                    _drain(child.channels.results)  # a child blocked on a full queue sees the stop flag sooner
                 child.process.join(timeout=0.05 / len(self.children))
         for child in self.children:
             if child.process.is_alive():
                 child.process.terminate()
-        self.drain()
         for child in self.children:
             channels = child.channels
-            reap_child(child.process, (channels.errors, channels.replies, channels.commands), timeout_s)
-        self.steps.cancel_join_thread()
-        self.steps.close()
+            reap_child(child.process, (channels.results, channels.errors, channels.replies, channels.commands),
+                       timeout_s)
         self.children = []
-
-    def drain(self) -> None:
-        try:
-            while True:
-                self.steps.get_nowait()
-        except (queue.Empty, OSError, ValueError):
-            pass
 
     def unregister(self, close: Callable[[], None]) -> None:
         atexit.unregister(close)
+
+
+def _drain(steps: Any) -> list[Any]:
+    """The items ``steps`` holds now (without waiting)."""
+    items = []
+    try:
+        while True:
+            items.append(steps.get_nowait())
+    except (queue.Empty, OSError, ValueError):
+        pass
+    return items

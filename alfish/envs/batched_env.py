@@ -72,6 +72,7 @@ class BatchedEnv:
         else:
             # forkserver workers: they do not inherit torch's threads or the trainer's signal handlers
             self._venv = EnvWorkers(fns, env_name, step_timeout_s, autoreset_mode=mode)
+            self._make_workers = lambda: EnvWorkers(fns, env_name, step_timeout_s, autoreset_mode=mode)
         self._async = vectorization == "async"
         self._envpool = vectorization == "envpool"
         # in-process envs: a step or reset that never returns ends the process (EnvWorkers time out their own)
@@ -189,6 +190,23 @@ class BatchedEnv:
 
     def close(self) -> None:
         self._venv.close()
+
+    @property
+    def seed(self) -> int:
+        """The seed ``reset`` uses by default (env ``i``: ``seed + i``)."""
+        return self._seed
+
+    def restart_workers(self) -> None:
+        """``vectorization='async'``: replace the env worker processes (after one died, raised or hung: the old ones
+        are terminated) by new ones making the same envs; ``reset`` next. Every env's episode in flight is lost."""
+        if not self._async:
+            raise RuntimeError("only env worker processes (vectorization='async') can be restarted")
+        try:
+            self._venv.close(terminate=True)
+        except Exception:  # noqa: BLE001  (the failed workers may not close cleanly: they are terminated anyway)
+            pass
+        self._venv = self._make_workers()
+        self._prev_done[:] = False
 
     # ----------------------------------------------------------------------------------------------------------------
     def _to_obs_tensor(self, obs: Any) -> Any:

@@ -26,6 +26,7 @@ from alfish.algorithms.build import build_policy
 from alfish.collect.async_collector import AsyncCollector, CollectionSettings, UnrollSpec
 from alfish.collect.collector import Collector, SyncCollector, check_random_actions_storable
 from alfish.collect.no_collector import NoCollector
+from alfish.collect.restarts import RestartBudget
 from alfish.config.trainer_config import TrainerConfig
 from alfish.envs.batched_env import create_environment, environment_settings
 from alfish.envs.spec import EnvSpec
@@ -357,7 +358,16 @@ def build_collector(config: TrainerConfig, options: RunOptions, rank_seed: int,
         return AsyncCollector(spec, config.unroll_queue_size, config.max_unroll_length,
                               config.unroll_parameter_update_period,
                               stall_timeout_s=spec.env_settings.step_timeout_s, device=device, collection=collection)
-    return SyncCollector(create_environment(seed=rank_seed), options.random_warm_up_actions, device)
+    settings = environment_settings(seed=rank_seed)
+    restarts = None
+    if options.restart_crashed_envs:
+        if settings.vectorization != "async":
+            raise ValueError("Trainer.restart_crashed_envs=True replaces failed env worker processes "
+                             "(create_environment.vectorization='async') or async unroll children; these envs run in "
+                             f"the trainer (vectorization='{settings.vectorization}'), where a failure cannot be "
+                             "contained: set one of the two, or remove it")
+        restarts = RestartBudget(options.max_env_restarts_per_hour)
+    return SyncCollector(settings.create(), options.random_warm_up_actions, device, restarts)
 
 
 def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataTransformer,

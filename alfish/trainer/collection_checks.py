@@ -17,10 +17,6 @@ def check_collection(config: TrainerConfig, options: RunOptions,
     if shaped and not config.async_unroll:
         raise ValueError("Trainer.num_unroll_processes, unroll_min_fraction and max_policy_lag shape an asynchronous "
                          "unroll: set TrainerConfig.async_unroll=True, or remove them")
-    if options.restart_crashed_envs and not config.async_unroll:
-        raise ValueError("Trainer.restart_crashed_envs=True replaces failed async unroll children (with the env "
-                         "workers they own); the synchronous unroll's envs live in the trainer and are not restarted: "
-                         "set TrainerConfig.async_unroll=True, or remove it")
     if options.unroll_min_fraction != 1.0 and (options.num_unroll_processes == 1 or config.unroll_length == 0):
         raise ValueError(f"Trainer.unroll_min_fraction={options.unroll_min_fraction} lets an iteration start before "
                          "every unroll process delivered its unroll_length steps: it needs "

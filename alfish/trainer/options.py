@@ -77,7 +77,10 @@ class RunOptions:
     (``vectorization='async'``), that dies itself, hangs past ``create_environment.step_timeout_s`` or is stopped, is
     replaced by a new one stepping the same envs (reseeded) instead of ending the run: the steps it sent are kept
     (whole transitions), its envs' episodes in flight are cut there and never counted as finished, and each
-    replacement is logged and counted (``async/env_restarts``). Default: fail fast. Needs the async unroll.
+    replacement is logged and counted (``async/env_restarts``). A synchronous unroll's env worker processes
+    (``vectorization='async'``) are restarted the same way, all of the batch at once (``collect/env_restarts``; an
+    on-policy trajectory in progress is discarded and unrolled again). Default: fail fast. In-process envs
+    (``vectorization='sync'`` without the async unroll) cannot be restarted: refused.
     max_env_restarts_per_hour: with ``restart_crashed_envs``, one more replacement than this within an hour ends the
     run with the failure (an env that keeps failing is a bug, not bad luck).
     """

@@ -219,7 +219,6 @@ def test_one_publish_reaches_every_process(rig_factory):
 
 
 def test_a_round_waits_for_a_fraction_of_the_processes(rig_factory):
-    # (a short queue: the other process's backlog ahead of the continued one's steps stays short)
     rig = rig_factory(SAC_POINT_GOAL, processes=2, queue_size=10, min_fraction=0.5)
     rig.collector.receive(3)  # both are stepping
     stopped = rig.collector.processes.pids[1]
@@ -391,7 +390,7 @@ def test_a_crashed_child_is_replaced_and_its_episodes_are_cut_not_counted(rig_fa
 def test_replacements_beyond_the_hourly_limit_end_the_run(rig_factory):
     rig = rig_factory(FAILING_POINT_GOAL, processes=1, restart_crashed=True, max_restarts_per_hour=2)
     with pytest.raises(Exception, match=r"the async unroll child \(pid \d+\) failed: RuntimeError: alfish/Latency-v0: "
-                                        r"injected failure at step 7 \(the unroll children were "
+                                        r"injected failure at step 7 \(crashed envs were "
                                         r"replaced 2 times within the last hour, Trainer.max_env_restarts_per_hour="
                                         r"2: the env keeps failing; the last failure follows\)") as info:
         rig.collector.collect(100)

@@ -241,9 +241,43 @@ TrainerConfig.evaluate = False
     scalars = tb_scalars(root)
     assert scalars["async/env_restarts"][-1][1] == 2.0
     assert [v for _, v in scalars["train/env_steps"]][-1] == 10 + 50 * 2  # every iteration got its steps
-    assert caplog.text.count("failed: RuntimeError: alfish/Latency-v0: injected failure at step 30; replacing it "
-                             "(restart") == 2
+    assert caplog.text.count("failed: RuntimeError: alfish/Latency-v0: injected failure at step 30; replacing it: "
+                             "the episodes in flight in envs") == 2
     assert not unroll_children(os.getpid())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algorithm", ["sac", "a2c"])
+def test_a_synchronous_run_restarts_its_crashed_env_workers(tmp_path, caplog, algorithm):
+    # Env worker processes (vectorization='async') in the trainer; each env raises at its 30th step. SAC: the steps
+    # taken are stored and the run goes on; A2C: the trajectory in progress is discarded and unrolled again.
+    env = """
+create_environment.env_name = 'alfish/Latency-v0'
+create_environment.env_kwargs = {'env_name': 'ENV', 'latency_s': 0.0, 'raise_at_step': 30}
+create_environment.vectorization = 'async'
+create_environment.num_parallel_environments = 2
+Trainer.restart_crashed_envs = True
+Trainer.num_threads = 1
+TrainerConfig.num_iterations = 40
+TrainerConfig.num_env_steps = 0
+TrainerConfig.summary_interval = 1
+TrainerConfig.evaluate = False
+"""
+    if algorithm == "sac":
+        conf = SAC_POINT_GOAL + env.replace("ENV", "alfish/PointGoal-v0") + "TrainerConfig.initial_collect_steps = 10\n"
+        steps_per_env, expected_env_steps = 10 // 2 + 40, 10 + 40 * 2
+    else:
+        conf = (REPO / "confs" / "a2c_cartpole.gin").read_text() + env.replace("ENV", "CartPole-v1") + \
+            "TrainerConfig.unroll_length = 5\n"
+        steps_per_env, expected_env_steps = 40 * 5, 40 * 5 * 2
+    with caplog.at_level("WARNING"):
+        root = run_trainer_from_text(tmp_path, conf)
+    scalars = tb_scalars(root)
+    restarts = scalars["collect/env_restarts"][-1][1]
+    assert restarts >= steps_per_env // 30 - 1 and restarts >= 1, restarts  # (a discarded trajectory steps again)
+    assert [v for _, v in scalars["train/env_steps"]][-1] == expected_env_steps
+    assert caplog.text.count("injected failure at step 30; restarting the 2 env workers of 'alfish/Latency-v0': every "
+                             "env's episode in flight is cut (restart") == restarts
 
 
 @pytest.mark.timeout(90)
