@@ -88,6 +88,7 @@ class CollectionSettings:
 
 
 STOPPED_GRACE_S = 5.0  # a stopped child is an error after this much silence (a brief Ctrl-Z/bg is forgiven)
+STARTUP_TIMEOUT_S = 300.0  # a child may take this long to build its envs and report them
 
 
 class AsyncCollector(Collector):
@@ -99,7 +100,7 @@ class AsyncCollector(Collector):
     stall_timeout_s: a blocking ``collect`` that receives nothing for this long is an error even if the children are
     alive (a hung env); ``build.py`` passes the env's ``create_environment.step_timeout_s``. A child that is stopped
     (SIGSTOP, a debugger) is an error after ``STOPPED_GRACE_S`` of silence. A child's start-up (building its envs)
-    may take ``startup_timeout_s``.
+    may take ``STARTUP_TIMEOUT_S``.
     device: the training device (the children act on ``spec.acting_device``: ``DevicePolicy.rollout_device``
     resolved here, the CPU by default).
     collection: how many processes and how an iteration takes their steps (``CollectionSettings``).
@@ -107,7 +108,7 @@ class AsyncCollector(Collector):
 
     def __init__(self, spec: UnrollSpec, queue_size: int, max_unroll_length: int = 0,
                  parameter_update_period: int = 1, stall_timeout_s: float = 60.0, device: torch.device = CPU,
-                 startup_timeout_s: float = 300.0, collection: CollectionSettings = CollectionSettings()):
+                 collection: CollectionSettings = CollectionSettings()):
         if not 0.0 < collection.min_fraction <= 1.0:
             raise ValueError(f"TrainerConfig.unroll_min_fraction={collection.min_fraction} must be in (0, 1]")
         self.max_unroll_length = max_unroll_length
@@ -121,7 +122,7 @@ class AsyncCollector(Collector):
         self.dropped_env_steps = 0  # env steps dropped for too old a policy (max_policy_lag)
         self._iteration = 0
         self.processes: Optional[UnrollProcesses] = None
-        self.processes = UnrollProcesses(spec, collection.num_processes, queue_size, self.close, startup_timeout_s)
+        self.processes = UnrollProcesses(spec, collection.num_processes, queue_size, self.close, STARTUP_TIMEOUT_S)
         n = self.processes.num_processes
         self._pending: list[collections.deque[ReceivedStep]] = [collections.deque() for _ in range(n)]
         self._gap = [False] * n  # a process's steps were dropped: its next kept step follows a gap

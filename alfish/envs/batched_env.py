@@ -48,7 +48,6 @@ class BatchedEnv:
         env_kwargs: Optional[dict] = None,
         render_mode: Optional[str] = None,
         step_timeout_s: float = 60.0,
-        first_env_id: int = 0,
     ):
         if vectorization not in VECTORIZATIONS:
             raise ValueError(f"create_environment.vectorization='{vectorization}' is not one of {VECTORIZATIONS}")
@@ -87,8 +86,7 @@ class BatchedEnv:
             self._low = np.asarray(self.action_space.low, dtype=np.float32)
             self._high = np.asarray(self.action_space.high, dtype=np.float32)
         self._seed = seed
-        # One of several batches of a rank's envs (an async unroll's processes) numbers its envs after the others'.
-        self._env_id = torch.arange(first_env_id, first_env_id + num_envs, dtype=torch.int64)
+        self._env_id = torch.arange(num_envs, dtype=torch.int64)
         self._prev_done = np.zeros(num_envs, dtype=bool)
         self._zero_action = torch.zeros((num_envs,) + self.action_shape, dtype=self._action_dtype)
 
@@ -191,6 +189,12 @@ class BatchedEnv:
     def close(self) -> None:
         self._venv.close()
 
+    def number_from(self, first_env_id: int) -> "BatchedEnv":
+        """Number the envs ``first_env_id, first_env_id + 1, ...`` (their ``env_id``: the replay buffer's rings):
+        one of several batches of a rank's envs, as an async unroll's processes step them. Returns ``self``."""
+        self._env_id = torch.arange(first_env_id, first_env_id + self.num_envs, dtype=torch.int64)
+        return self
+
     @property
     def seed(self) -> int:
         """The seed ``reset`` uses by default (env ``i``: ``seed + i``)."""
@@ -260,8 +264,9 @@ class EnvSettings:
 
     def create(self) -> BatchedEnv:
         logging.debug("creating %d x %s (%s)", self.num_parallel_environments, self.env_name, self.vectorization)
-        return BatchedEnv(self.env_name, self.num_parallel_environments, self.seed, self.vectorization,
-                          self.env_kwargs, self.render_mode, self.step_timeout_s, self.first_env_id)
+        env = BatchedEnv(self.env_name, self.num_parallel_environments, self.seed, self.vectorization,
+                         self.env_kwargs, self.render_mode, self.step_timeout_s)
+        return env.number_from(self.first_env_id) if self.first_env_id else env
 
     def share(self, index: int, num_shares: int) -> "EnvSettings":
         """Share ``index`` of ``num_shares`` equal shares of these envs: ``B / num_shares`` envs whose ids and seeds
