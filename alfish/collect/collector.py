@@ -28,6 +28,7 @@ from alfish.envs.batched_env import BatchedEnv
 from alfish.envs.spec import EnvSpec
 from alfish.envs.workers import EnvWorkerError
 from alfish.learn.device import CPU
+from alfish.replay.retirement import retiring_sampler_of
 from alfish.seeding import reseed
 from alfish.transforms.base import DataTransformer
 
@@ -131,6 +132,8 @@ class SyncCollector(Collector):
               seed: Optional[int], progress: ProgressPoint,
               before_publish: Callable[[], None] = lambda: None, resume: Optional[dict] = None) -> None:
         self._sink, self._seed = sink, seed
+        self._retiring = retiring_sampler_of(sink)
+        self.publish_parameters(progress.iterations, progress)
         self.unroller = Unroller(self.env, algorithm, self.stats, transformer.rollout_view(update_stats=True), seed,
                                  self.device)
         self.resumed_exactly = False
@@ -206,6 +209,11 @@ class SyncCollector(Collector):
                                      "every env's episode in flight is cut", error=EnvWorkerError)
         self.env.restart_workers()
         self.unroller.reset(reseed(self.env.seed if self._seed is None else self._seed, self.restarts.count))
+
+    def publish_parameters(self, iteration: int, progress: ProgressPoint) -> None:
+        """The algorithm itself acts: the steps of the next unroll are this iteration's (replay retirement's stamp)."""
+        if self._retiring is not None:
+            self._retiring.current_iteration = self._retiring.policy_stamp = iteration
 
     def summary(self) -> dict[str, float]:
         return {} if self.restarts is None else {"collect/env_restarts": float(self.restarts.count)}

@@ -30,6 +30,10 @@ class PolicyLag:
         for old in [v for v in self._published_at if v < version - 10_000]:  # bounded memory on long runs
             del self._published_at[old]
 
+    def published_iteration(self, version: int, default: int) -> int:
+        """The iteration at which ``version`` was published (``default`` for one too old to be remembered)."""
+        return self._published_at.get(version, default)
+
     def received(self, steps: Sequence[Stamped], iteration: int) -> None:
         if not steps:
             self._last = dict(steps_received=0.0)

@@ -54,6 +54,7 @@ class ReplayBuffer:
         self._steps = torch.arange(0)  # 0, ..., L - 1 for the last sequence length sampled (made once per L)
         sampler.attach(storage)
         self._sampler_tracks_adds = type(sampler).on_add is not Sampler.on_add  # (else on_add does nothing)
+        self.stale_forgotten = 0  # steps forgotten for too old a policy (replay_max_staleness)
 
     @property
     def device(self) -> torch.device:
@@ -116,6 +117,13 @@ class ReplayBuffer:
         self._storage.clear(keep_last)
         self._sampler.on_clear(self._storage, oldest_before)
 
+    def forget_before(self, index: torch.Tensor) -> None:
+        """Forget each env's steps before absolute index ``index`` ``[num_envs]`` (a per-env ``clear``)."""
+        with torch.inference_mode(False):
+            oldest_before = self._storage.oldest_index()
+            self._storage.forget_before(index)
+            self._sampler.on_clear(self._storage, oldest_before)
+
     def truncate_episodes(self, env_ids: Optional[torch.Tensor] = None) -> None:
         """Mark the newest stored step of every env (or of ``env_ids``) LAST (a time-limit truncation); see
         ``RingBuffer``."""
@@ -136,6 +144,11 @@ class ReplayBuffer:
         With a host storage and a CUDA training device the host batch's leaves are pinned staging buffers,
         overwritten by the second next ``sample``. No host sync once enough steps are stored.
         """
+        stale_before = getattr(self._sampler, "stale_before", None)  # (a RetiringSampler's, once per iteration)
+        if stale_before is not None and (index := stale_before(self._storage)) is not None:
+            oldest = self._storage.oldest_index()
+            self.forget_before(index)
+            self.stale_forgotten += int((self._storage.oldest_index() - oldest).sum())
         info = self._sampler.sample(self._storage, batch_size, length, num_batches)
         steps = self._steps
         if steps.numel() != length or steps.device != info.positions.device:
@@ -211,8 +224,11 @@ class ReplayBuffer:
         return self._storage.episode_end(env_ids, index)
 
     def summary(self) -> dict[str, float]:
-        """Scalars for TensorBoard (a buffer that mixes sources reports its mix); none here."""
-        return {}
+        """Scalars for TensorBoard (a buffer that mixes sources reports its mix): the retired rows drawn again."""
+        redraws = getattr(self._sampler, "redraws", None)  # (a RetiringSampler's)
+        if redraws is None:
+            return {}
+        return {"replay/retired_redraws": float(redraws), "replay/stale_steps_forgotten": float(self.stale_forgotten)}
 
     # ---------------------------------------------------------------------------------------------- checkpointing --
     def state_dict(self) -> dict:

@@ -165,6 +165,12 @@ class RingBuffer:
         self._floor = torch.maximum(self._floor, self._write_count - keep_last)
         self._update_mirrors()
 
+    def forget_before(self, index: torch.Tensor) -> None:
+        """Forget each env's steps before absolute index ``index`` ``[num_envs]`` (its oldest readable index moves
+        there; never back)."""
+        self._floor = torch.maximum(self._floor, torch.minimum(index, self._write_count))
+        self._update_mirrors()
+
     def truncate_episodes(self, env_ids: Optional[torch.Tensor] = None) -> None:
         """Mark the newest stored step of every env (or of ``env_ids``, int64 ``[K]``) LAST (keeping its discount),
         i.e. a time-limit truncation.

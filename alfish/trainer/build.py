@@ -47,6 +47,7 @@ from alfish.replay.offline.options import OfflineOptions
 from alfish.replay.offline.steps import Steps
 from alfish.replay.prioritized import make_prioritized_sampler
 from alfish.replay.replay_buffer import ReplayBuffer
+from alfish.replay.retirement import RetiringSampler
 from alfish.replay.samplers import UniformSampler
 from alfish.replay.storage import make_storage
 from alfish.replay.supervised_data import SupervisedData
@@ -204,7 +205,8 @@ def build_replay_and_training(setup: RunSetup, parts: StepParts, counters: Count
                                                 config.mini_batch_size, setup.rank_seed)
     online = None
     if not parts.algorithm.on_policy and not isinstance(parts.collector, NoCollector):
-        online = build_replay_buffer(config, parts.collector.spec, parts.transformer, setup.devices, setup.device)
+        online = build_replay_buffer(config, parts.collector.spec, parts.transformer, setup.devices, setup.device,
+                                     (setup.options.replay_max_use, setup.options.replay_max_staleness))
     if setup.offline_steps is None:
         training = build_training_step(config, parts, online, total_envs, setup.options.presample_mini_batches)
         return (online if online is not None else NullReplay()), training
@@ -371,7 +373,8 @@ def build_collector(config: TrainerConfig, options: RunOptions, rank_seed: int,
 
 
 def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataTransformer,
-                        devices: DevicePolicy, device: torch.device) -> ReplayBuffer:
+                        devices: DevicePolicy, device: torch.device,
+                        retire: tuple[Optional[int], Optional[int]] = (None, None)) -> ReplayBuffer:
     """Per-env rings of ``replay_buffer_length`` steps (in the memory ``DevicePolicy.replay_storage`` names),
     sampled uniformly or by priority, handing batches (and their infos) to the training ``device``.
 
@@ -381,7 +384,10 @@ def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataT
     by every add, read without a sync), with the sampler's indices, and hindsight decides on the host whether any row
     is relabelled; device indices would cost a read back per sample. With host indices the only transfers are
     non-blocking copies to the device (the gather's index, hindsight's mask: ``ReplayBuffer.to_storage``), and the
-    device priorities reach the host trees one update late without a wait (``DeferredPriorities``)."""
+    device priorities reach the host trees one update late without a wait (``DeferredPriorities``).
+
+    ``retire``: ``(Trainer.replay_max_use, replay_max_staleness)``; either set wraps the sampler in a
+    ``RetiringSampler`` (``alfish/replay/retirement.py``)."""
     scratch_dir = None
     if devices.replay_storage == "mmap":
         scratch_dir = os.path.join(config.root_dir, "replay_mmap")
@@ -393,6 +399,8 @@ def build_replay_buffer(config: TrainerConfig, spec: EnvSpec, transformer: DataT
         sampler = make_prioritized_sampler(config, spec.num_envs, config.replay_buffer_length, device=trees)
     else:
         sampler = UniformSampler()
+    if retire != (None, None):
+        sampler = RetiringSampler(sampler, spec.num_envs, config.replay_buffer_length, *retire)
     return ReplayBuffer(storage, sampler, device=device)
 
 

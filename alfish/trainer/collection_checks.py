@@ -1,6 +1,7 @@
-"""The asynchronous unroll's collection settings (``Trainer.num_unroll_processes``, ``unroll_min_fraction``,
-``max_policy_lag``) checked against the rest of the run, each a one-line ValueError naming the parameters; before
-the children start, and again once the algorithm is built (``algorithm``: its class, or the built one)."""
+"""The collection settings (``Trainer.num_unroll_processes``, ``unroll_min_fraction``, ``max_policy_lag``, and replay
+retirement's ``replay_max_use`` / ``replay_max_staleness``) checked against the rest of the run, each a one-line
+ValueError naming the parameters; before the children start, and again once the algorithm is built (``algorithm``:
+its class, or the built one)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -22,8 +23,17 @@ def check_collection(config: TrainerConfig, options: RunOptions,
                          "every unroll process delivered its unroll_length steps: it needs "
                          "Trainer.num_unroll_processes > 1 and TrainerConfig.unroll_length > 0 (with unroll_length = 0 "
                          "an iteration takes what has arrived anyway)")
+    retires = options.replay_max_use is not None or options.replay_max_staleness is not None
+    if retires and config.whole_replay_buffer_training:
+        raise ValueError("Trainer.replay_max_use / replay_max_staleness retire samples of sampled replay; "
+                         "TrainerConfig.whole_replay_buffer_training=True trains on everything stored: set it to "
+                         "False, or remove them")
     if algorithm is None:  # (a constructor function: checked again once built)
         return
+    if retires and algorithm.on_policy:
+        name = algorithm.__name__ if isinstance(algorithm, type) else type(algorithm).__name__
+        raise ValueError(f"Trainer.replay_max_use / replay_max_staleness retire replay samples; {name} trains "
+                         "on-policy without replay: remove them")
     if algorithm.on_policy:
         if options.unroll_min_fraction != 1.0:
             name = algorithm.__name__ if isinstance(algorithm, type) else type(algorithm).__name__

@@ -83,6 +83,10 @@ class RunOptions:
     (``vectorization='sync'`` without the async unroll) cannot be restarted: refused.
     max_env_restarts_per_hour: with ``restart_crashed_envs``, one more replacement than this within an hour ends the
     run with the failure (an env that keeps failing is a bug, not bad luck).
+    replay_max_use, replay_max_staleness: retire a stored sequence start from sampled replay once it was drawn this
+    many times, or once the parameters that acted it are more than this many iterations older than the current ones
+    (DI-engine's ``AdvancedReplayBuffer``; ``alfish/replay/retirement.py``); ``None``: no limit. Off-policy sampled
+    training only (``TrainerConfig.whole_replay_buffer_training=False``).
     """
 
     save_replay_buffer: bool = True
@@ -109,6 +113,8 @@ class RunOptions:
     max_policy_lag: Optional[int] = None
     restart_crashed_envs: bool = False
     max_env_restarts_per_hour: int = 10
+    replay_max_use: Optional[int] = None
+    replay_max_staleness: Optional[int] = None
 
     def __post_init__(self) -> None:
         check_setting(self.num_threads)
@@ -127,6 +133,10 @@ class RunOptions:
                 self.max_env_restarts_per_hour < 1):
             raise ValueError(f"Trainer.max_env_restarts_per_hour={self.max_env_restarts_per_hour!r} must be an int "
                              ">= 1")
+        for name, low in (("replay_max_use", 1), ("replay_max_staleness", 0)):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
+                raise ValueError(f"Trainer.{name}={value!r} must be an int >= {low} or None (no limit)")
         if self.eval_video_interval < 0:
             raise ValueError(f"Trainer.eval_video_interval={self.eval_video_interval} must be >= 0 (0: no videos)")
         if self.checkpoint_interval_s is not None and not self.checkpoint_interval_s > 0:

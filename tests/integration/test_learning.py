@@ -9,7 +9,7 @@ import pathlib
 
 import pytest
 
-from .inprocess import OFF_POLICY_POINT_GOAL, eval_log, run_trainer_from_text
+from .inprocess import OFF_POLICY_POINT_GOAL, eval_log, run_trainer_from_text, tb_scalars
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -154,6 +154,19 @@ def test_sac_with_prioritized_replay_reaches_near_optimal_return_on_point_goal(t
                                                              "TrainerConfig.priority_replay_beta = 0.4"])
     best = max(r["average_return"] for r in eval_log(root))
     assert best >= -1.1, best  # optimum -0.9; a random policy gets about -6
+
+
+@pytest.mark.timeout(120)
+def test_sac_learns_point_goal_from_replay_that_retires_stale_steps(tmp_path):
+    # Only steps acted by parameters at most 300 iterations old are drawn (1 step per iteration: the newest ~300 of
+    # the 1,500 stored), each at most 200 times.
+    root = run_trainer_from_text(tmp_path, SAC_POINT_GOAL, ["Trainer.replay_max_staleness = 300",
+                                                             "Trainer.replay_max_use = 200",
+                                                             "TrainerConfig.summary_interval = 1"])
+    returns = [r["average_return"] for r in eval_log(root)]
+    assert returns[0] < -1.5 and max(returns) >= -1.1, returns
+    forgotten = [v for _, v in tb_scalars(root)["replay/stale_steps_forgotten"]]
+    assert forgotten[299] == 0 and forgotten[-1] >= 1000  # none while every stored step was fresh, then all but ~300
 
 
 @pytest.mark.slow
