@@ -26,6 +26,7 @@ reported with the signal and pid. Data transformer statistics (normalizers) are 
 """
 from __future__ import annotations
 
+import atexit
 import collections
 import dataclasses
 import math
@@ -117,7 +118,6 @@ class AsyncCollector(Collector):
         self.stall_timeout_s = stall_timeout_s
         self.device = device  # the training device: the data transformers' statistics live there
         self.collection = collection
-        self.queue_size = queue_size
         self.block: Optional[ParamBlock] = None
         self.policy_lag = PolicyLag()
         self.dropped_env_steps = 0  # env steps dropped for too old a policy (max_policy_lag)
@@ -377,7 +377,7 @@ class AsyncCollector(Collector):
         """Stop the children (flag, then terminate, then kill; each step waits at most ``timeout_s / 2``)."""
         if self.processes is None:
             return
-        self.processes.unregister(self.close)
+        atexit.unregister(self.close)
         self.processes.close(timeout_s)
         self.processes = None
         if self.block is not None:

@@ -16,7 +16,6 @@ all share the stop flag: closing stops them together, each wait bounded.
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
 import multiprocessing as mp
@@ -216,9 +215,6 @@ class UnrollProcesses:
             reap_child(child.process, (channels.results, channels.errors, channels.replies, channels.commands),
                        timeout_s)
         self.children = []
-
-    def unregister(self, close: Callable[[], None]) -> None:
-        atexit.unregister(close)
 
 
 def _drain(steps: Any) -> list[Any]:

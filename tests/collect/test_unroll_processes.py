@@ -29,36 +29,15 @@ from alfish.data import nest
 from alfish.data.types import Experience, StepType, TimeStep
 from alfish.envs.batched_env import EnvSettings, environment_settings
 
+from . import test_async_collector as single
+
 pytestmark = [pytest.mark.timeout(90)]
 
-DQN_CHAIN = """
-create_environment.env_name = 'alfish/Chain-v0'
-create_environment.num_parallel_environments = 4
-DqnAlgorithm.hidden_sizes = (8,)
-DqnAlgorithm.epsilon_greedy = 0.0
-TrainerConfig.algorithm_ctor = @DqnAlgorithm
-TrainerConfig.mini_batch_size = 4
-TrainerConfig.mini_batch_length = 2
-"""
-
-SAC_POINT_GOAL = """
-create_environment.env_name = 'alfish/PointGoal-v0'
-create_environment.num_parallel_environments = 4
-SacAlgorithm.hidden_sizes = (16,)
-TrainerConfig.algorithm_ctor = @SacAlgorithm
-TrainerConfig.mini_batch_size = 4
-TrainerConfig.mini_batch_length = 2
-"""
-
+# The single-child tests' confs, with 4 envs (2 a process)
+DQN_CHAIN = single.DQN_CHAIN.replace("num_parallel_environments = 2", "num_parallel_environments = 4")
+SAC_POINT_GOAL = single.SAC_POINT_GOAL.replace("num_parallel_environments = 2", "num_parallel_environments = 4")
 DQN_CARTPOLE = DQN_CHAIN.replace("'alfish/Chain-v0'", "'CartPole-v1'")
-
-A2C_CHAIN = """
-create_environment.env_name = 'alfish/Chain-v0'
-create_environment.num_parallel_environments = 4
-A2cAlgorithm.hidden_sizes = (8,)
-A2cAlgorithm.off_policy_correction = 'vtrace'
-TrainerConfig.algorithm_ctor = @A2cAlgorithm
-"""
+A2C_CHAIN = single.A2C_CHAIN.replace("num_parallel_environments = 2", "num_parallel_environments = 4")
 
 
 class Sink(list):
