@@ -49,7 +49,7 @@ from alfish.collect.unroller import to_device
 from alfish.data import nest
 from alfish.data.types import Experience, StepType, TimeStep
 from alfish.learn.device import CPU
-from alfish.replay.retirement import retiring_sampler_of
+from alfish.replay.replay_buffer import online_replay_of
 from alfish.transforms.base import DataTransformer
 
 __all__ = ["AsyncCollector", "AsyncUnrollError", "CollectionSettings", "PolicyLag", "ReceivedStep", "UnrollSpec",
@@ -143,7 +143,7 @@ class AsyncCollector(Collector):
               seed: Optional[int], progress: ProgressPoint,
               before_publish: Callable[[], None] = lambda: None, resume: Optional[dict] = None) -> None:
         self._algorithm, self._transformer, self._sink = algorithm, transformer, sink
-        self._retiring = retiring_sampler_of(sink)
+        self._replay = online_replay_of(sink)
         self._before_publish = before_publish
         self._stats_view = transformer.rollout_view(update_stats=True)
         self.block = ParamBlock(self.processes.shared, rollout_state(algorithm, transformer))
@@ -162,8 +162,8 @@ class AsyncCollector(Collector):
 
     def publish_parameters(self, iteration: int, progress: ProgressPoint) -> None:
         self._iteration = iteration
-        if self._retiring is not None:
-            self._retiring.current_iteration = iteration
+        if self._replay is not None:
+            self._replay.set_current_iteration(iteration)
         if iteration % self.parameter_update_period == 0:
             self.publish(progress)
 
@@ -182,8 +182,8 @@ class AsyncCollector(Collector):
             if step.after_gap:
                 self._sink.truncate_episodes(experience.env_id)  # the last stored step before the gap ends its episode
                 experience = restart_episodes(experience)
-            if self._retiring is not None:  # (replay retirement: the iteration that published the acting version)
-                self._retiring.policy_stamp = self.policy_lag.published_iteration(step.version, self._iteration)
+            if self._replay is not None:  # (the stored policy iteration: the one that published the acting version)
+                self._replay.set_acting_iteration(self.policy_lag.published_iteration(step.version, self._iteration))
             self._sink.add(experience)
             env_steps += experience.step_type.shape[0]
         self.policy_lag.received(received, self._iteration)

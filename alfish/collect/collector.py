@@ -28,7 +28,7 @@ from alfish.envs.batched_env import BatchedEnv
 from alfish.envs.spec import EnvSpec
 from alfish.envs.workers import EnvWorkerError
 from alfish.learn.device import CPU
-from alfish.replay.retirement import retiring_sampler_of
+from alfish.replay.replay_buffer import online_replay_of
 from alfish.seeding import reseed
 from alfish.transforms.base import DataTransformer
 
@@ -132,7 +132,7 @@ class SyncCollector(Collector):
               seed: Optional[int], progress: ProgressPoint,
               before_publish: Callable[[], None] = lambda: None, resume: Optional[dict] = None) -> None:
         self._sink, self._seed = sink, seed
-        self._retiring = retiring_sampler_of(sink)
+        self._replay = online_replay_of(sink)
         self.publish_parameters(progress.iterations, progress)
         self.unroller = Unroller(self.env, algorithm, self.stats, transformer.rollout_view(update_stats=True), seed,
                                  self.device)
@@ -211,9 +211,11 @@ class SyncCollector(Collector):
         self.unroller.reset(reseed(self.env.seed if self._seed is None else self._seed, self.restarts.count))
 
     def publish_parameters(self, iteration: int, progress: ProgressPoint) -> None:
-        """The algorithm itself acts: the steps of the next unroll are this iteration's (replay retirement's stamp)."""
-        if self._retiring is not None:
-            self._retiring.current_iteration = self._retiring.policy_stamp = iteration
+        """The algorithm itself acts: the steps of the next unroll are this iteration's (their stored policy
+        iteration)."""
+        if self._replay is not None:
+            self._replay.set_current_iteration(iteration)
+            self._replay.set_acting_iteration(iteration)
 
     def summary(self) -> dict[str, float]:
         return {} if self.restarts is None else {"collect/env_restarts": float(self.restarts.count)}

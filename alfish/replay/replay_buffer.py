@@ -22,6 +22,12 @@ The transformers that read the buffer at sample time (frame stacking, hindsight)
 whatever the storage: that index arithmetic then never waits for the device. What they read comes back where the
 storage is (``gather_at``; one non-blocking copy of the indices for a device storage), and a host tensor they apply
 to it crosses once, through ``to_storage``.
+
+Policy iterations. Every stored step carries the training iteration whose parameters acted it (the storage's
+``policy_iterations``); the collector says which before it adds (``set_acting_iteration``) and which iteration
+trains now (``set_current_iteration``). ``summary`` reports the age of the policy behind the last batch sampled
+(current iteration minus acting iteration: 0 for a synchronous unroll's newest steps, growing with replay age and
+with an asynchronous unroll's lag).
 """
 from __future__ import annotations
 
@@ -55,6 +61,8 @@ class ReplayBuffer:
         sampler.attach(storage)
         self._sampler_tracks_adds = type(sampler).on_add is not Sampler.on_add  # (else on_add does nothing)
         self.stale_forgotten = 0  # steps forgotten for too old a policy (replay_max_staleness)
+        self.current_iteration: Optional[int] = None  # the training iteration now (None: no collector says it)
+        self._last_sample: Optional[BatchInfo] = None  # the last batch sampled (its policy age goes in the summary)
 
     @property
     def device(self) -> torch.device:
@@ -111,6 +119,22 @@ class ReplayBuffer:
             written = counts_before[:, None] + torch.arange(num_steps)  # [B, T] absolute indices
             self._sampler.on_add(self._storage, env_ids[:, None].expand_as(written).reshape(-1), written.reshape(-1))
 
+    def set_acting_iteration(self, iteration: int) -> None:
+        """The steps added from now on were acted by the parameters of training iteration ``iteration``."""
+        self._storage.next_policy_iteration = iteration
+
+    def set_current_iteration(self, iteration: int) -> None:
+        """Training iteration ``iteration`` begins: policy ages (and replay retirement's staleness) count from it."""
+        self.current_iteration = iteration
+        if hasattr(self._sampler, "current_iteration"):  # (a RetiringSampler)
+            self._sampler.current_iteration = iteration
+
+    def policy_iterations(self, env_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """int32 ``[N]``: the training iteration whose parameters acted the stored steps at absolute ``positions``
+        ``[N]`` of rings ``env_ids`` ``[N]`` (host or device indices; the answer is on the host)."""
+        slots = positions.cpu() % self.capacity
+        return self._storage.policy_iterations[env_ids.cpu(), slots]
+
     def clear(self, keep_last: int = 0) -> None:
         """Forget everything except the newest ``keep_last`` steps of each env (they keep their absolute indices)."""
         oldest_before = self._storage.oldest_index()
@@ -149,7 +173,7 @@ class ReplayBuffer:
             oldest = self._storage.oldest_index()
             self.forget_before(index)
             self.stale_forgotten += int((self._storage.oldest_index() - oldest).sum())
-        info = self._sampler.sample(self._storage, batch_size, length, num_batches)
+        info = self._last_sample = self._sampler.sample(self._storage, batch_size, length, num_batches)
         steps = self._steps
         if steps.numel() != length or steps.device != info.positions.device:
             steps = self._steps = torch.arange(length, device=info.positions.device)
@@ -224,11 +248,21 @@ class ReplayBuffer:
         return self._storage.episode_end(env_ids, index)
 
     def summary(self) -> dict[str, float]:
-        """Scalars for TensorBoard (a buffer that mixes sources reports its mix): the retired rows drawn again."""
+        """Scalars for TensorBoard (a buffer that mixes sources reports its mix): the age in iterations of the policy
+        that acted the last batch sampled (mean and max over its sequences' first steps; once a collector says the
+        current iteration), and with retirement the retired rows drawn again and the stale steps forgotten. (Reading
+        the last batch's indices back is one device sync per summary where a sampler keeps them on a device.)"""
+        scalars = {}
+        if self.current_iteration is not None and self._last_sample is not None:
+            ages = self.current_iteration - self.policy_iterations(self._last_sample.env_ids,
+                                                                   self._last_sample.positions)
+            scalars.update({"replay/sampled_policy_age": float(ages.float().mean()),
+                            "replay/sampled_policy_age_max": float(ages.max())})
         redraws = getattr(self._sampler, "redraws", None)  # (a RetiringSampler's)
-        if redraws is None:
-            return {}
-        return {"replay/retired_redraws": float(redraws), "replay/stale_steps_forgotten": float(self.stale_forgotten)}
+        if redraws is not None:
+            scalars.update({"replay/retired_redraws": float(redraws),
+                            "replay/stale_steps_forgotten": float(self.stale_forgotten)})
+        return scalars
 
     # ---------------------------------------------------------------------------------------------- checkpointing --
     def state_dict(self) -> dict:
@@ -241,3 +275,10 @@ class ReplayBuffer:
         ``example``: any Experience of the stored structure (see ``RingBuffer.load_state_dict``)."""
         self._storage.load_state_dict(state["storage"], example)
         self._sampler.load_state_dict(state["sampler"])
+
+
+def online_replay_of(sink: object) -> Optional[ReplayBuffer]:
+    """The ``ReplayBuffer`` a collector's sink adds to (the sink itself, or the online buffer of a mixed one) when it
+    keeps policy iterations; None otherwise (no replay: an on-policy trajectory)."""
+    buffer = getattr(sink, "online", sink)
+    return buffer if isinstance(buffer, ReplayBuffer) else None

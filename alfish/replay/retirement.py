@@ -4,12 +4,14 @@ again once it was drawn ``max_use`` times (``Trainer.replay_max_use``), nor once
 oldest steps, forgotten once per iteration, so the draws never meet them).
 
 ``RetiringSampler`` wraps the buffer's sampler (uniform or prioritized): it keeps, per stored slot, how often it was
-drawn and the iteration whose parameters acted it (``policy_stamp``, set by the collector before it adds steps:
-the current iteration for a synchronous unroll, the iteration that published the acting version for an asynchronous
-one), draws from the wrapped sampler, and draws again for the rows that are used up (up to ``REDRAWS`` times). A
+drawn, reads the iteration whose parameters acted it from the storage (``RingBuffer.policy_iterations``, set by the
+collector: the current iteration for a synchronous unroll, the iteration that published the acting version for an
+asynchronous one), draws from the wrapped sampler, and draws again for the rows that are used up (up to ``REDRAWS``
+times). A
 batch that still holds used-up rows after that means the buffer holds too few live sequences for the training
 asked of it: the one-line error says which settings to change. Counted: ``replay/retired_redraws`` (rows drawn
-again) and ``replay/stale_steps_forgotten``. The counts and stamps are checkpointed with the sampler's state.
+again) and ``replay/stale_steps_forgotten``. The counts are checkpointed with the sampler's state (the acting
+iterations with the storage's).
 
 The bookkeeping lives on the host: with the priority trees on a device (``DevicePolicy.replay_storage='device'``)
 each sample reads its indices back (one sync per sample).
@@ -37,20 +39,18 @@ class RetiringSampler(Sampler):
             raise ValueError("a RetiringSampler needs max_use or max_staleness")
         self.inner, self.max_use, self.max_staleness = inner, max_use, max_staleness
         self.uses = torch.zeros(num_envs, capacity, dtype=torch.int32)
-        self.stamps = torch.zeros(num_envs, capacity, dtype=torch.int64)
-        self.policy_stamp = 0  # the iteration whose parameters acted the steps added next (the collector sets it)
-        self.current_iteration = 0  # staleness is measured against this (the collector sets it)
+        self.current_iteration = 0  # staleness is measured against this (ReplayBuffer.set_current_iteration)
+        self._storage: Optional[RingBuffer] = None
         self.redraws = 0
         self._stale_checked: Optional[int] = None  # the iteration whose stale steps were last forgotten
 
     # ------------------------------------------------------------------------------------------- storage changes --
     def attach(self, storage: RingBuffer) -> None:
+        self._storage = storage
         self.inner.attach(storage)
 
     def on_add(self, storage: RingBuffer, env_ids: torch.Tensor, write_counts_before: torch.Tensor) -> None:
-        slots = write_counts_before % storage.capacity
-        self.uses[env_ids, slots] = 0
-        self.stamps[env_ids, slots] = self.policy_stamp
+        self.uses[env_ids, write_counts_before % storage.capacity] = 0
         self.inner.on_add(storage, env_ids, write_counts_before)
 
     def on_clear(self, storage: RingBuffer, oldest_before: torch.Tensor) -> None:
@@ -66,22 +66,23 @@ class RetiringSampler(Sampler):
         self._stale_checked = self.current_iteration
         oldest, written = storage.oldest_index(), storage.write_count()
         index = oldest.unsqueeze(1) + torch.arange(storage.capacity)  # [num_envs, capacity], readable where < written
-        stamps = self.stamps.gather(1, index % storage.capacity)
+        stamps = storage.policy_iterations.gather(1, index % storage.capacity)
         stale = (index < written.unsqueeze(1)) & (self.current_iteration - stamps > self.max_staleness)
         return oldest + stale.sum(1)
 
     # ---------------------------------------------------------------------------------------------------- drawing --
-    def retired(self, env_ids: torch.Tensor, positions: torch.Tensor, capacity: int) -> torch.Tensor:
+    def retired(self, env_ids: torch.Tensor, positions: torch.Tensor, storage: RingBuffer) -> torch.Tensor:
         """bool ``[B]``: which rows of a batch of sequence starts (``env_ids``, absolute ``positions``, host) are
         retired. A start drawn twice in the batch is used twice: its second row is retired when the first use was its
         last."""
+        capacity = storage.capacity
         slots = positions % capacity
         mask = torch.zeros(positions.shape, dtype=torch.bool)
         if self.max_use is not None:
             earlier = _occurrence_rank(env_ids * capacity + slots)  # same start in earlier rows of this batch
             mask |= self.uses[env_ids, slots] + earlier >= self.max_use
         if self.max_staleness is not None:
-            mask |= self.current_iteration - self.stamps[env_ids, slots] > self.max_staleness
+            mask |= self.current_iteration - storage.policy_iterations[env_ids, slots] > self.max_staleness
         return mask
 
     def sample(self, storage: RingBuffer, batch_size: int, length: int, num_batches: int = 1) -> BatchInfo:
@@ -90,7 +91,7 @@ class RetiringSampler(Sampler):
         env_ids, positions = info.env_ids.cpu(), info.positions.cpu()
         weights = info.importance_weights
         for _ in range(REDRAWS):
-            retired = self.retired(env_ids, positions, storage.capacity).nonzero().squeeze(1)
+            retired = self.retired(env_ids, positions, storage).nonzero().squeeze(1)
             if retired.numel() == 0:
                 break
             self.redraws += retired.numel()
@@ -100,7 +101,7 @@ class RetiringSampler(Sampler):
                 weights = weights.clone()
                 weights[retired.to(weights.device)] = again.importance_weights.to(weights.device)
         else:
-            fraction = float(self.retired(env_ids, positions, storage.capacity).float().mean())
+            fraction = float(self.retired(env_ids, positions, storage).float().mean())
             if fraction > 0:
                 raise RuntimeError(
                     f"{fraction:.0%} of a replay batch is still retired after {REDRAWS} redraws "
@@ -119,8 +120,7 @@ class RetiringSampler(Sampler):
         self.inner.flush(storage)
 
     def state_dict(self) -> dict:
-        return {"inner": self.inner.state_dict(), "uses": self.uses.clone(), "stamps": self.stamps.clone(),
-                "redraws": torch.tensor(self.redraws)}
+        return {"inner": self.inner.state_dict(), "uses": self.uses.clone(), "redraws": torch.tensor(self.redraws)}
 
     def load_state_dict(self, state: dict) -> None:
         self.inner.load_state_dict(state["inner"])
@@ -129,7 +129,8 @@ class RetiringSampler(Sampler):
                              f"{tuple(self.uses.shape)}: resume with the same num_parallel_environments and "
                              "replay_buffer_length")
         self.uses.copy_(state["uses"])
-        self.stamps.copy_(state["stamps"])
+        if "stamps" in state and self._storage is not None:  # (a checkpoint from before the storage kept them)
+            self._storage.policy_iterations.copy_(state["stamps"])
         self.redraws = int(state["redraws"])
 
 
@@ -144,11 +145,3 @@ def _occurrence_rank(keys: torch.Tensor) -> torch.Tensor:
     rank = torch.empty_like(index)
     rank[order] = index - group_start
     return rank
-
-
-def retiring_sampler_of(sink: object) -> Optional[RetiringSampler]:
-    """The ``RetiringSampler`` of a collector's sink (a ``ReplayBuffer``, or the online buffer of a mixed one), or
-    None when it retires nothing."""
-    buffer = getattr(sink, "online", sink)
-    sampler = getattr(buffer, "sampler", None)
-    return sampler if isinstance(sampler, RetiringSampler) else None

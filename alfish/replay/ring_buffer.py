@@ -15,6 +15,11 @@ Where the leaves live: ``device`` (host memory by default; ``MappedRingBuffer`` 
 ``storage.py`` for the choices). The bookkeeping (write counts, oldest indices, episode ends) always stays on the CPU,
 as tensors plus a Python-int bound on the most steps any env holds (``holds_sequence``), so the host can decide
 whether a sample is possible without reading a tensor.
+
+Every slot also records the training iteration whose parameters acted its step (``policy_iterations``, int32, host;
+4 bytes per slot): the collectors set ``next_policy_iteration`` before they add (the current iteration for a
+synchronous unroll, the iteration that published the acting parameters for an asynchronous one). Replay retirement
+reads it (``retirement.py``), and ``ReplayBuffer.summary`` reports how old the sampled data's policy was.
 """
 from __future__ import annotations
 
@@ -57,6 +62,17 @@ class RingBuffer:
         self._episode_end: torch.Tensor | None = (
             torch.full((num_envs, capacity), -1, dtype=torch.int64) if track_episode_ends else None)
         self._episode_begin = torch.zeros(num_envs, dtype=torch.int64)  # absolute index of each env's current FIRST
+        # The iteration whose parameters acted each slot's step (see policy_iterations), and the one the next adds get.
+        self._policy_iterations: torch.Tensor | None = None
+        self.next_policy_iteration = 0
+
+    @property
+    def policy_iterations(self) -> torch.Tensor:
+        """int32 ``[num_envs, capacity]``: the training iteration whose parameters acted each slot's step (0 where
+        nobody said). Allocated on first use: an offline dataset's ring, filled once and never added to, has none."""
+        if self._policy_iterations is None:
+            self._policy_iterations = torch.zeros(self.num_envs, self.capacity, dtype=torch.int32)
+        return self._policy_iterations
 
     # ---------------------------------------------------------------------------------------------------- writing --
     def add(self, exp: Experience) -> None:
@@ -80,6 +96,7 @@ class RingBuffer:
             on_host = self.device.type == "cpu"
             for store, x in zip(self._storage, leaves):
                 store.select(1, slot).copy_(x if on_host else host_to_device(x, self.device))
+            self.policy_iterations.select(1, slot).fill_(self.next_policy_iteration)
             self._lockstep += 1
             self._max_stored = min(self._lockstep - self._min_floor, self.capacity)  # all write counts are equal
             if self._episode_end is not None:
@@ -87,9 +104,11 @@ class RingBuffer:
             self._write_count += 1  # (every env, in place: cheaper than an indexed add)
             return
         self._lockstep = None
-        flat = host_to_device(env_ids * self.capacity + self._write_count[env_ids] % self.capacity, self.device)
+        host_flat = env_ids * self.capacity + self._write_count[env_ids] % self.capacity
+        flat = host_to_device(host_flat, self.device)
         for store, x in zip(self._storage, leaves):
             store.view((-1,) + store.shape[2:])[flat] = host_to_device(x, self.device)
+        self.policy_iterations.view(-1)[host_flat] = self.next_policy_iteration
         if self._episode_end is not None:
             self._track_episodes(env_ids, exp.step_type)
         self._write_count[env_ids] += 1
@@ -120,6 +139,9 @@ class RingBuffer:
                 store[:, start:start + first].copy_(x[:, :first])
                 if first < num_steps:
                     store[:, :num_steps - first].copy_(x[:, first:])
+            self.policy_iterations[:, start:start + first] = self.next_policy_iteration
+            if first < num_steps:
+                self.policy_iterations[:, :num_steps - first] = self.next_policy_iteration
             self._lockstep += num_steps
             self._max_stored = min(self._lockstep - self._min_floor, self.capacity)
             self._write_count += num_steps
@@ -294,7 +316,7 @@ class RingBuffer:
     # ---------------------------------------------------------------------------------------------- checkpointing --
     def state_dict(self) -> dict:
         """Tensors only, all on the CPU (a checkpoint does not depend on where the storage lived): the storage leaves,
-        the write counters and the oldest readable index.
+        the write counters, the oldest readable index and each slot's policy iteration.
 
         Until the rings wrap, only the slots written so far are saved (``[num_envs, max write count, ...]``): a 100k
         ring of Atari frames is 700 MB, most of it empty early in a run; ``load_state_dict`` pads them back.
@@ -305,6 +327,8 @@ class RingBuffer:
             leaves = [leaf[:, :filled] for leaf in leaves]
         state = {"write_count": self._write_count.clone(), "oldest": self.oldest_index(),
                  "leaves": [leaf.to("cpu", copy=True) for leaf in leaves]}
+        if self._policy_iterations is not None:
+            state["policy_iterations"] = self._policy_iterations[:, :min(filled, self.capacity)].clone()
         if self._episode_end is not None:
             state.update(episode_end=self._episode_end.clone(), episode_begin=self._episode_begin.clone())
         return state
@@ -325,6 +349,9 @@ class RingBuffer:
             raise ValueError(f"the checkpoint's replay buffer has rings of {sorted(saved)} steps per env but this one "
                              f"has {self.capacity}; resume with the replay_buffer_length it was written with")
         self._storage = [self._adopt(self._to_capacity(x)) for x in state["leaves"]] or None
+        # (absent from checkpoints written before the stamps: every step then counts as acted at iteration 0)
+        stamps = state.get("policy_iterations")
+        self._policy_iterations = self._to_capacity(stamps).clone() if stamps is not None else None
         self._update_mirrors()
         if self._episode_end is not None:
             if "episode_end" not in state:

@@ -218,6 +218,10 @@ TrainerConfig.evaluate = False
     assert "async/dropped_env_steps" in scalars  # counted (how many depends on timing)
     lags = [v for _, v in scalars["async/policy_lag_versions_max"]]
     assert max(lags) <= 2  # max_policy_lag: nothing older was trained on
+    # every stored step carries its acting iteration: the sampled batches' policy age (replay age + lag), in iterations
+    ages, age_max = (dict(scalars[f"replay/sampled_policy_age{s}"]) for s in ("", "_max"))
+    assert len(ages) >= 100 and all(0 <= ages[i] <= age_max[i] for i in ages)
+    assert max(age_max.values()) > 2  # older than any lag: the replay holds steps of many iterations
     assert not unroll_children(os.getpid())
 
 

@@ -230,3 +230,48 @@ def test_a_batch_info_from_sample_fits_update_priorities():
     assert isinstance(info, BatchInfo)
     buf.update_priorities(info, torch.full((8,), 3.0))
     assert float(buf.sampler._max_priority) == pytest.approx((3.0 + 1e-6) ** 0.7)
+
+
+# ---------------------------------------------------------------------------------------- policy iterations ----
+def test_every_add_path_stamps_its_slots_with_the_acting_iteration():
+    """Lockstep ``add`` (all envs), indexed ``add`` (a subset), ``add_steps`` (lockstep slices, wrapping the ring):
+    each written slot holds the acting iteration set before the write; slots not written keep theirs."""
+    buf = make("uniform", num_envs=2, capacity=4, length=1)
+    buf.set_acting_iteration(3)
+    add(buf)  # lockstep: slot 0 of both envs
+    buf.set_acting_iteration(5)
+    add(buf, [1])  # env 1 only: its slot 1
+    assert buf.storage.policy_iterations.tolist() == [[3, 0, 0, 0], [3, 5, 0, 0]]
+    buf2 = make("uniform", num_envs=2, capacity=4, length=1)
+    for stamp in (1, 2, 3):
+        buf2.set_acting_iteration(stamp)
+        add(buf2)  # slots 0, 1, 2 (lockstep)
+    buf2.set_acting_iteration(9)
+    index = buf2.write_count()[0] + torch.arange(3)  # 3 steps: slot 3, then slots 0 and 1 (the ring wraps)
+    steps = [step(torch.arange(2), index[t]) for t in range(3)]
+    buf2.add_steps(Experience(*[torch.stack(x, 1) if isinstance(x[0], torch.Tensor) else
+                                {k: torch.stack([d[k] for d in x], 1) for k in x[0]} for x in zip(*steps)]))
+    assert buf2.storage.policy_iterations.tolist() == [[9, 9, 3, 9], [9, 9, 3, 9]]
+    assert buf2.policy_iterations(torch.tensor([0, 1]), torch.tensor([2, 5])).tolist() == [3, 9]
+
+
+def test_the_summary_reports_the_policy_age_of_the_last_batch_and_the_stamps_survive_a_checkpoint():
+    buf = make("uniform", num_envs=1, capacity=8, length=1)
+    for stamp in (0, 2, 2, 6):
+        buf.set_acting_iteration(stamp)
+        add(buf)
+    assert buf.summary() == {}  # nothing sampled and no current iteration yet
+    buf.set_current_iteration(7)
+    exp, info = buf.sample(64, 1)
+    ages = {0: 7, 1: 5, 2: 5, 3: 1}  # position -> 7 - its acting iteration
+    drawn = [ages[p] for p in info.positions.tolist()]
+    summary = buf.summary()
+    assert summary["replay/sampled_policy_age"] == pytest.approx(sum(drawn) / len(drawn))
+    assert summary["replay/sampled_policy_age_max"] == max(drawn) == 7
+    restored = make("uniform", num_envs=1, capacity=8, length=1)
+    restored.load_state_dict(buf.state_dict(), step(torch.arange(1), torch.zeros(1, dtype=torch.int64)))
+    assert restored.storage.policy_iterations[0].tolist() == [0, 2, 2, 6, 0, 0, 0, 0]
+    state = buf.state_dict()
+    del state["storage"]["policy_iterations"]  # a checkpoint from before the stamps: every step acted at 0
+    restored.load_state_dict(state, step(torch.arange(1), torch.zeros(1, dtype=torch.int64)))
+    assert restored.storage.policy_iterations.sum() == 0

@@ -10,7 +10,8 @@ from alfish.algorithms.sac import SacAlgorithm
 from alfish.config import TrainerConfig
 from alfish.data.types import StepType
 from alfish.replay import PrioritizedSampler, ReplayBuffer, RingBuffer, UniformSampler
-from alfish.replay.retirement import RetiringSampler, _occurrence_rank, retiring_sampler_of
+from alfish.replay.replay_buffer import online_replay_of
+from alfish.replay.retirement import RetiringSampler, _occurrence_rank
 from alfish.trainer.collection_checks import check_collection
 from alfish.trainer.options import RunOptions
 
@@ -59,16 +60,17 @@ def test_a_slot_written_again_is_a_new_start_with_no_uses():
 def test_steps_acted_by_too_old_parameters_are_not_drawn(kind):
     buf, sampler = retiring(kind, max_staleness=3)
     for stamp in (0, 0, 5, 5):  # the iteration whose parameters acted each step
-        sampler.policy_stamp = stamp
+        buf.set_acting_iteration(stamp)
         add(buf)
-    sampler.current_iteration = 7  # 7 - 0 = 7 > 3: retired; 7 - 5 = 2: live
+    buf.set_current_iteration(7)  # 7 - 0 = 7 > 3: retired; 7 - 5 = 2: live
     _, info = buf.sample(64, 1)
     assert set(info.positions.tolist()) == {2, 3}
     assert buf.oldest_index().tolist() == [2] and len(buf) == 2  # the stale steps (an env's oldest) were forgotten
     if kind == "prioritized":
         assert info.importance_weights.shape == (64,) and bool(torch.isfinite(info.importance_weights).all())
-    assert buf.summary() == {"replay/retired_redraws": 0.0, "replay/stale_steps_forgotten": 2.0}
-    sampler.current_iteration = 9  # now 9 - 5 = 4 > 3 too
+    assert buf.summary() == {"replay/retired_redraws": 0.0, "replay/stale_steps_forgotten": 2.0,
+                             "replay/sampled_policy_age": 2.0, "replay/sampled_policy_age_max": 2.0}
+    buf.set_current_iteration(9)  # now 9 - 5 = 4 > 3 too
     with pytest.raises(RuntimeError, match=r"the replay buffer holds \[0\] steps per env, too few"):
         buf.sample(1, 1)
 
@@ -84,15 +86,31 @@ def test_within_the_limit_a_retired_row_is_drawn_again():
 def test_uses_and_stamps_survive_a_checkpoint():
     buf, sampler = retiring("uniform", max_use=3, max_staleness=10)
     for stamp in range(3):
-        sampler.policy_stamp = stamp
+        buf.set_acting_iteration(stamp)
         add(buf)
     buf.sample(4, 1)
     state = buf.state_dict()
     restored, restored_sampler = retiring("uniform", max_use=3, max_staleness=10)
     restored.load_state_dict(state, step(torch.arange(1), torch.zeros(1, dtype=torch.int64)))
-    assert torch.equal(restored_sampler.uses, sampler.uses) and torch.equal(restored_sampler.stamps, sampler.stamps)
+    assert torch.equal(restored_sampler.uses, sampler.uses)
     assert restored_sampler.redraws == sampler.redraws
-    assert restored_sampler.stamps[0, :3].tolist() == [0, 1, 2]
+    assert restored.storage.policy_iterations[0, :3].tolist() == [0, 1, 2]
+
+
+def test_a_checkpoint_whose_sampler_kept_the_stamps_still_restores_them():
+    """Checkpoints written before the storage kept the acting iterations had them in the retiring sampler's state."""
+    buf, _ = retiring("uniform", max_staleness=10)
+    for stamp in (4, 6):
+        buf.set_acting_iteration(stamp)
+        add(buf)
+    state = buf.state_dict()
+    legacy_stamps = torch.zeros(1, 8, dtype=torch.int64)
+    legacy_stamps[0, :2] = torch.tensor([4, 6])
+    del state["storage"]["policy_iterations"]
+    state["sampler"]["stamps"] = legacy_stamps
+    restored, _ = retiring("uniform", max_staleness=10)
+    restored.load_state_dict(state, step(torch.arange(1), torch.zeros(1, dtype=torch.int64)))
+    assert restored.storage.policy_iterations[0, :3].tolist() == [4, 6, 0]
 
 
 def test_truncating_some_envs_marks_only_their_newest_step():
@@ -105,10 +123,14 @@ def test_truncating_some_envs_marks_only_their_newest_step():
     assert exp.step_type[:, 0].tolist() == [StepType.FIRST] * 3
 
 
-def test_the_collector_finds_the_retiring_sampler_of_its_sink():
-    buf, sampler = retiring("uniform", max_use=1)
-    assert retiring_sampler_of(buf) is sampler
-    assert retiring_sampler_of(ReplayBuffer(RingBuffer(1, 4), UniformSampler())) is None
+def test_the_collector_finds_the_replay_buffer_of_its_sink():
+    buf, _ = retiring("uniform", max_use=1)
+    assert online_replay_of(buf) is buf
+
+    class Mixed:
+        online = buf
+
+    assert online_replay_of(Mixed()) is buf and online_replay_of(object()) is None
 
 
 def test_retirement_needs_sampled_off_policy_replay():

@@ -202,8 +202,8 @@ class MixedReplayBuffer:
     # ------------------------------------------------------------------------------------------ summaries ----
     def summary(self) -> dict[str, float]:
         """``replay/offline_fraction``: the share of the last batch drawn offline; ``replay/offline_fraction_total``:
-        over the run (restored on resume)."""
-        out = {}
+        over the run (restored on resume); and the online buffer's own (the policy age of its part of the batch)."""
+        out = self.online.summary()
         if self._last_split is not None:
             out["replay/offline_fraction"] = self._last_split[1] / max(1, sum(self._last_split))
         total = int(self.drawn.sum())
