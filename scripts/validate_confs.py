@@ -17,7 +17,7 @@ Each conf declares its expected result on one header line, as JSON:
 * ``env_steps`` (online and hybrid confs) or ``iterations`` (pure offline confs): the budget to reach it in;
 * ``seeds``: how many seeds (0, 1, ...) the full suite trains; ``min_success`` (default: all of them) must reach it;
 * ``dataset`` (offline and hybrid confs): ``{"num_steps": N, "noise": X}``, the Pendulum dataset
-  ``tools/bench/pendulum_dataset.py`` makes for it, bound to the conf's ``DATASET`` macro;
+  ``scripts/pendulum_dataset.py`` makes for it, bound to the conf's ``DATASET`` macro;
 * ``fast``: true for the confs of the fast subset (``--fast``, what CI runs with one seed);
 * ``manual``: a reason the conf is not trained here (e.g. 10M Atari steps), listed as skipped.
 
@@ -127,7 +127,7 @@ def dataset_for(expectation: Expectation, out: pathlib.Path) -> list[str]:
     path = out / "datasets" / f"pendulum_{spec['num_steps']}_{spec.get('noise', 1.5)}.npz"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([sys.executable, str(REPO / "tools" / "bench" / "pendulum_dataset.py"), "--out", str(path),
+        subprocess.run([sys.executable, str(REPO / "scripts" / "pendulum_dataset.py"), "--out", str(path),
                         "--num_steps", str(spec["num_steps"]), "--noise", str(spec.get("noise", 1.5))],
                        check=True, capture_output=True, text=True, cwd=REPO)
     return [f"DATASET='{path}'"]

@@ -8,7 +8,7 @@ Each run is ``python -m alfish.bin.train`` in a fresh process with ``TrainerConf
 alternating the modes ``--repeats`` times; printed: the median wall-clock of the whole command per mode, the number
 of evaluations (they must be equal: async evaluates every due iteration too) and the time the synchronous runs spent
 evaluating (``eval_s`` summed over eval_log.jsonl). The pure offline conf (``confs/bc_pendulum.gin``) needs its
-dataset; it is made first if missing (``tools/bench/pendulum_dataset.py``, 20k steps, noise 1.5).
+dataset; it is made first if missing (``scripts/pendulum_dataset.py``, 20k steps, noise 1.5).
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--conf_param", action="append", default=[], help="extra gin binding (repeatable)")
     args = parser.parse_args()
     if "bc_pendulum" in args.conf and not os.path.exists(DATASET):
-        subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench", "pendulum_dataset.py"), "--out", DATASET,
+        subprocess.run([sys.executable, os.path.join(REPO, "scripts", "pendulum_dataset.py"), "--out", DATASET,
                         "--num_steps", "20000", "--noise", "1.5"], cwd=REPO, check=True)
     print(f"conf {args.conf}: {args.iterations} iterations, an evaluation of {args.episodes} episodes every "
           f"{args.eval_interval}; {os.cpu_count()} CPUs", flush=True)

@@ -6,7 +6,7 @@ logged dataset mixed into its batches (confs/sac_pendulum_hybrid.gin, RLPD's 50/
 
 Each run is ``python -m alfish.bin.train`` in its own process (one at a time: the machine's cores are shared);
 evaluations every ``--eval_interval`` env steps (5 episodes). The dataset is made once if missing
-(``pendulum_dataset.py``: 10k steps of a noisy scripted controller). Prints a table and medians.
+(``scripts/pendulum_dataset.py``: 10k steps of a noisy scripted controller). Prints a table and medians.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import tempfile
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))
 from pendulum_dataset import make_pendulum_dataset  # noqa: E402
 
 CONFS = {"online": "confs/sac_pendulum.gin", "hybrid": "confs/sac_pendulum_hybrid.gin"}

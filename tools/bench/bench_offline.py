@@ -12,7 +12,7 @@ greedy episodes. d3rlpy runs in its own virtual environment (it pins gymnasium 1
 ``tools/bench/d3rlpy_side.py``; its rate is the median over 500-step windows stamped in ``fit``'s per-step
 callback. Normalized return: 100 * (R - R_random) / (R_expert - R_random) with Pendulum-v1's R_random = -1200,
 R_expert = -150 (both sides).
-The dataset is made once if missing (``pendulum_dataset.py``: 20k steps of a noisy scripted controller, ~-280).
+The dataset is made once if missing (``scripts/pendulum_dataset.py``: 20k steps of a noisy scripted controller, ~-280).
 """
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import tempfile
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(HERE)), "scripts"))
 from pendulum_dataset import make_pendulum_dataset  # noqa: E402
 
 R_RANDOM, R_EXPERT = -1200.0, -150.0

@@ -42,7 +42,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "scripts")
+sys.path.insert(0, SCRIPTS)
 from pendulum_dataset import make_pendulum_dataset  # noqa: E402  (shared with alfish's side; numpy + gymnasium only)
 
 # (R_random, R_expert) per env id, for the normalized return.

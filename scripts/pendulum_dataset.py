@@ -1,16 +1,18 @@
 """A D4RL-style Pendulum-v1 dataset from a scripted controller, for the offline and hybrid benchmarks and confs.
 
-    python tools/bench/pendulum_dataset.py --out runs/datasets/pendulum_medium.npz --num_steps 20000 --noise 1.5
+    python scripts/pendulum_dataset.py --out runs/datasets/pendulum_medium.npz --num_steps 20000 --noise 1.5
 
-Imports only numpy and gymnasium, so both alfish's environment and d3rlpy's separate one (``d3rlpy_side.py``) make
-the very same file. The controller is near-optimal (about -150 per episode); Gaussian torque noise degrades it:
-``--noise 1.5`` gives a "medium" dataset (about -290 per episode on average), ``0.3`` an expert one (about -150).
+Imports only numpy and gymnasium, so both alfish's environment and d3rlpy's separate one
+(``tools/bench/d3rlpy_side.py``) make the very same file; the output's folder is made if missing. The controller is
+near-optimal (about -150 per episode); Gaussian torque noise degrades it: ``--noise 1.5`` gives a "medium" dataset
+(about -290 per episode on average), ``0.3`` an expert one (about -150).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 
 import numpy as np
 
@@ -71,6 +73,7 @@ def make_pendulum_dataset(out: str, num_steps: int, noise: float, seed: int) -> 
         else:
             obs = next_obs
     env.close()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     np.savez(out, **data)
     return {
         "out": out, "num_steps": num_steps, "noise": noise, "seed": seed, "episodes": len(episode_returns),
