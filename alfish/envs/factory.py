@@ -20,6 +20,7 @@ from alfish.envs.atari import is_atari, make_atari
 from alfish.envs.contract import ContractCheck, EnvContractError
 from alfish.envs.episode_log import EpisodeLog
 from alfish.envs.mixed_actions import MIXED_ACTION_SPACES, MixedActionPacking
+from alfish.envs.sdl_runtime import ensure_runtime_dir
 
 
 def conf_imports() -> tuple[str, ...]:
@@ -74,6 +75,8 @@ class EnvFactory:
                 importlib.import_module(name.rpartition(".")[0])  # `from package import name` of a non-module
 
     def _make(self) -> gym.Env:
+        if self.render_mode is not None:  # (pygame's SDL prints an error line without a valid XDG_RUNTIME_DIR)
+            ensure_runtime_dir()
         try:
             if is_atari(self.env_name):  # ALE games, preprocessed as alfish trains on them (alfish/envs/atari.py)
                 return make_atari(self.env_name, render_mode=self.render_mode, **self.env_kwargs)
