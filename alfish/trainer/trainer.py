@@ -21,6 +21,7 @@ import torch
 
 from alfish.algorithms.base import Algorithm
 from alfish.collect.collector import Collector
+from alfish.collect.no_collector import NoCollector
 from alfish.config.trainer_config import TrainerConfig
 from alfish.console.hard_exit import critical_section, set_exit_note
 from alfish.console.progress import Progress
@@ -97,7 +98,8 @@ class Trainer:
                                     "previous one, if any, is where a rerun resumes)", signals.stop_signal)
                     return signals.exit_code()
                 progress = Progress(self.plan.expected_iterations, counters.iteration,
-                                    self.options.progress_log_interval_s if self.dist.is_main else math.inf)
+                                    self.options.progress_log_interval_s if self.dist.is_main else math.inf,
+                                    offline=isinstance(self.collector, NoCollector))
                 self._warm_up()
                 while not self.plan.finished(counters):
                     self._update_schedules()
@@ -106,7 +108,8 @@ class Trainer:
                     counters.iteration += 1
                     self.collector.publish_parameters(counters.iteration, self.plan.progress(counters))
                     self._after_iteration()
-                    progress.update(counters.iteration, counters.env_steps, self.collector.stats.average_return())
+                    progress.update(counters.iteration, counters.env_steps, self.collector.stats.average_return(),
+                                    self.learner.num_updates, self._last_loss)
                     exit_code, finish_now = self._act_on_requests(signals)
                     if exit_code is not None:
                         return exit_code
@@ -127,6 +130,11 @@ class Trainer:
                 self.close()
         logging.info("training finished: %d iterations, %d env steps", counters.iteration, counters.env_steps)
         return 0
+
+    def _last_loss(self) -> Optional[float]:
+        """The last update's loss (one host read), for the progress line of an offline run; None before any."""
+        last = self.learner.last_loss
+        return None if last is None else float(last.loss)
 
     # ------------------------------------------------------------------------------------------ start and end ----
     def _restore_or_start(self) -> None:
