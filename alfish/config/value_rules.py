@@ -192,6 +192,8 @@ RULES: dict[str, Union[Rule, tuple[Rule, ...]]] = {
     'Trainer.progress_log_interval_s': Range(0, low_open=True, note='seconds'),
     'Trainer.stop_grace_s': Range(0, low_open=True, note='seconds after SIGTERM before the process ends anyway'),
     'Trainer.host_memory_cache_mb': Range(0, note='MB; 0: malloc defaults'),
+    'Trainer.trackers': OneOf('alfish.rundir.trackers.names:TRACKERS'),
+    'wandb_tracker.mode': OneOf('alfish.rundir.trackers.settings:WANDB_MODES'),
     # Schedules.
     '*.progress_type': OneOf('alfish.schedulers.progress:PROGRESS_TYPES'),
     'CyclicalScheduler.mode': OneOf('alfish.schedulers.schedules:CYCLE_MODES'),

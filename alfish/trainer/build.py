@@ -54,6 +54,7 @@ from alfish.replay.supervised_data import SupervisedData
 from alfish.rundir.checkpoint import Checkpointer, LoadedCheckpoint
 from alfish.rundir.disk import DiskWriteError, write_failure
 from alfish.rundir.run_record import resolve_snapshots, snapshot_texts, write_run_record
+from alfish.rundir.trackers import Trackers, build_trackers, check_tracker_packages
 from alfish.seeding import EVAL_SEED_OFFSET, RANK_SEED_OFFSET, seed_everything
 from alfish.trainer.callbacks import CallbackList, TrainerCallback
 from alfish.trainer.collection_checks import check_collection
@@ -74,6 +75,7 @@ from alfish.trainer.profiler import IterationProfiler, NullProfiler
 from alfish.trainer.resume import choose_resume_point
 from alfish.trainer.summary import GlobalStep, NullSummaries, Summaries
 from alfish.trainer.supervised_training import SupervisedTraining
+from alfish.trainer.tracker_videos import TrackedEvalVideos
 from alfish.trainer.trainer import Trainer
 from alfish.trainer.training import (
     OnPolicyTraining,
@@ -179,19 +181,19 @@ def _assemble(setup: RunSetup, collector: Collector) -> Trainer:
     replay, training = build_replay_and_training(setup, StepParts(collector, learner, algorithm, transformer),
                                                  counters, total_envs)
     plan = RunPlan(config, total_envs, evaluates=config.evaluate and dist.is_main)
-    summaries = build_summaries(config, options, dist, plan, learner)
+    summaries = build_summaries(config, options, dist, plan, learner, resume=setup.resume_from is not None)
     if config.summarize_gradient_noise_scale or config.summarize_output:  # measured inside the summarized updates
         learner.diagnostics = Diagnostics(algorithm, config.summarize_gradient_noise_scale, config.summarize_output,
                                           lambda update: summaries.due_for_update(counters.iteration + 1, update))
     evaluator = build_evaluator(config, setup.seed, transformer, spec) if plan.evaluates else NullEvaluator()
+    callbacks = build_callbacks(config, options, dist, setup.seed, summaries.trackers)
     profiler = NullProfiler()
-    if dist.is_main:
+    if dist.is_main:  # (last: the trackers' runs start here, once nothing can fail the build any more)
         profiler = record_code(config, options, summaries)
     return Trainer(config=config, options=options, dist=dist, plan=plan, counters=counters, collector=collector,
                    replay=replay, learner=learner, training=training, algorithm=algorithm, transformer=transformer,
                    evaluator=evaluator, summaries=summaries, checkpointer=setup.checkpointer, seed=setup.seed,
-                   rank_seed=setup.rank_seed, resume_from=setup.resume_from, profiler=profiler,
-                   callbacks=build_callbacks(config, options, dist, setup.seed))
+                   rank_seed=setup.rank_seed, resume_from=setup.resume_from, profiler=profiler, callbacks=callbacks)
 
 
 def build_replay_and_training(setup: RunSetup, parts: StepParts, counters: Counters,
@@ -217,20 +219,25 @@ def build_replay_and_training(setup: RunSetup, parts: StepParts, counters: Count
 
 
 def build_summaries(config: TrainerConfig, options: RunOptions, dist: DistContext, plan: RunPlan,
-                    learner: Learner) -> Summaries | NullSummaries:
-    """TensorBoard (and with ``Trainer.scalars_csv`` CSV) summaries, written by rank 0 alone."""
+                    learner: Learner, resume: bool = False) -> Summaries | NullSummaries:
+    """TensorBoard (and with ``Trainer.scalars_csv`` CSV, with ``Trainer.trackers`` the experiment trackers: they
+    continue their runs when the run ``resume``s from a checkpoint) summaries, written by rank 0 alone."""
     if not dist.is_main:
         return NullSummaries()
     global_step = None
     if config.update_counter_every_mini_batch:  # ALF's global counter: the update count
         global_step = GlobalStep(lambda: learner.num_updates,
                                  interval_counts_global_step=config.num_summaries is None)
-    return Summaries(config.root_dir, plan.summary_interval, config.summarize_first_interval,
-                     config.summaries_flush_secs, config.summary_max_queue, global_step=global_step,
-                     csv_path=os.path.join(config.root_dir, "scalars.csv") if options.scalars_csv else None)
+    summaries = Summaries(config.root_dir, plan.summary_interval, config.summarize_first_interval,
+                          config.summaries_flush_secs, config.summary_max_queue, global_step=global_step,
+                          csv_path=os.path.join(config.root_dir, "scalars.csv") if options.scalars_csv else None)
+    if options.trackers:
+        summaries.trackers = build_trackers(options.trackers, config.root_dir, resume)
+    return summaries
 
 
-def build_callbacks(config: TrainerConfig, options: RunOptions, dist: DistContext, seed: int) -> CallbackList:
+def build_callbacks(config: TrainerConfig, options: RunOptions, dist: DistContext, seed: int,
+                    trackers: Optional[Trackers] = None) -> CallbackList:
     """The lifecycle callbacks the ``Trainer.*`` options ask for, then the user's ``Trainer.callbacks``, in the
     order they run: a warm start loads weights before the evaluation at iteration 0 scores them. The callbacks that
     react to evaluations or write files exist on rank 0 only (it alone evaluates and writes); their decisions reach
@@ -249,20 +256,27 @@ def build_callbacks(config: TrainerConfig, options: RunOptions, dist: DistContex
             if options.stop_value is not None:
                 callbacks.append(StopAtValue(options.stop_value))
             if options.eval_video_interval:
-                callbacks.append(EvalVideoCallback(EvalVideo(config.root_dir, options.eval_video_interval,
-                                                             options.eval_video_format, seed + EVAL_SEED_OFFSET)))
+                video = EvalVideo(config.root_dir, options.eval_video_interval, options.eval_video_format,
+                                  seed + EVAL_SEED_OFFSET)
+                callbacks.append(EvalVideoCallback(video))
+                if trackers is not None:  # (after the video is written)
+                    callbacks.append(TrackedEvalVideos(video, trackers))
     return CallbackList(callbacks + list(options.callbacks))
 
 
 def record_code(config: TrainerConfig, options: RunOptions, summaries: Summaries) -> NullProfiler:
-    """Rank 0 at start: the code snapshots (TensorBoard text), the run record, and the profiler of the run."""
+    """Rank 0 at start: the code snapshots (TensorBoard text), the run record, the trackers' runs (given the config
+    and the run record), and the profiler of the run."""
     for tag, text in snapshot_texts(resolve_snapshots(config.code_snapshots)).items():
         summaries.writer.add_text(tag, text, 0)
+    record = None
     if options.run_record:
         try:
-            write_run_record(config.root_dir, config.conf_file, sys.argv)
+            record = write_run_record(config.root_dir, config.conf_file, sys.argv)
         except OSError as err:  # a full disk or a read-only root_dir: one line, as every other write
             raise DiskWriteError(write_failure("the run record in", config.root_dir, err)) from err
+    if summaries.trackers is not None:
+        summaries.trackers.start(gin.operative_config_str(), record)
     return IterationProfiler(config.root_dir) if config.profiling else NullProfiler()
 
 
@@ -271,6 +285,7 @@ def check_combinations(config: TrainerConfig, options: RunOptions, on_policy: Op
     """Feature combinations the parts cannot serve, each a one-line ValueError naming the parameters. ``on_policy``
     ``None``: not known yet (the algorithm constructor is not a class); checked again once it is built."""
     name = algorithm_name or getattr(config.algorithm_ctor, "__name__", "the algorithm")
+    check_tracker_packages(options.trackers)  # (a missing wandb / mlflow: one line naming the extra)
     if on_policy and config.priority_replay:
         raise ValueError(f"TrainerConfig.priority_replay=True needs an off-policy algorithm; {name} trains on-policy "
                          "without replay")

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence, Union
 import gin
 
 from alfish.learn.threads import check_setting
+from alfish.rundir.trackers import check_tracker_names  # (also registers the wandb_tracker, mlflow_tracker settings)
 
 
 @gin.configurable("Trainer")
@@ -62,6 +63,10 @@ class RunOptions:
     without TensorBoard.
     callbacks: the user's own ``TrainerCallback`` instances (``alfish/trainer/callbacks.py``), called after the
     built-in ones.
+    trackers: experiment trackers that also get every scalar (at TensorBoard's steps), the operative config, the run
+    record and the evaluation videos, on rank 0: ``'wandb'``, ``'mlflow'`` (each an extra, ``pip install
+    'alfish[wandb]'``; settings ``wandb_tracker.*``, ``mlflow_tracker.*``); a resumed run continues their runs, and a
+    tracker that fails costs one warning (``alfish/rundir/trackers/``). Default ``[]``: TensorBoard only.
 
     Collection at scale (``TrainerConfig.async_unroll=True``; ``alfish/collect/unroll_processes.py``):
     num_unroll_processes: unroll child processes of each rank, each stepping an equal share of its
@@ -108,6 +113,7 @@ class RunOptions:
     warm_start: str = "weights"
     scalars_csv: bool = False
     callbacks: Sequence[Any] = ()
+    trackers: Sequence[str] = ()
     num_unroll_processes: int = 1
     unroll_min_fraction: float = 1.0
     max_policy_lag: Optional[int] = None
@@ -118,6 +124,7 @@ class RunOptions:
 
     def __post_init__(self) -> None:
         check_setting(self.num_threads)
+        check_tracker_names(self.trackers)
         if isinstance(self.num_unroll_processes, bool) or not isinstance(self.num_unroll_processes, int) or (
                 self.num_unroll_processes < 1):
             raise ValueError(f"Trainer.num_unroll_processes={self.num_unroll_processes!r} must be an int >= 1")

@@ -27,6 +27,7 @@ from alfish.collect.episode_stats import EpisodeStats
 from alfish.rundir.disk import DiskWriteError, write_failure
 from alfish.rundir.safe_paths import make_dirs_in_root
 from alfish.rundir.scalars_file import ScalarsFile
+from alfish.rundir.trackers import Trackers
 
 #: A histogram's values, or ``(values, bins)`` (``bins`` as ``np.histogram`` takes them; default TensorBoard's).
 HistogramValues = Union[torch.Tensor, tuple[torch.Tensor, Any]]
@@ -77,6 +78,8 @@ class Summaries:
     the first ``interval``). Summaries are still written between iterations.
     csv_path: also append every scalar to this CSV file (``Trainer.scalars_csv``; its format is
     ``alfish.rundir.scalars_file``'s): one row per scalar, flushed with the events; a resumed run appends to it.
+    ``trackers`` (set by the builder with ``Trainer.trackers``): experiment trackers (``alfish.rundir.trackers``) that
+    also get every scalar at the same step, one call per ``write``/``scalars``/``scalar``; closed with the summaries.
     """
 
     def __init__(self, root_dir: str, interval: int, first_interval: bool, flush_secs: float, max_queue: int,
@@ -95,6 +98,7 @@ class Summaries:
             self.writer = SummaryWriter(log_dir=self.log_dir, flush_secs=flush_secs, max_queue=max_queue)
         self.csv_path = csv_path
         self._csv = ScalarsFile(csv_path, root_dir) if csv_path is not None else None
+        self.trackers: Optional[Trackers] = None
 
     @contextlib.contextmanager
     def _disk_errors(self) -> Iterator[None]:
@@ -145,22 +149,26 @@ class Summaries:
             self.histogram(tag, tensor, step, bins)
 
     def scalar(self, tag: str, value: float | torch.Tensor, step: int) -> None:
-        if isinstance(value, torch.Tensor):
-            value = float(value.detach())
-        if not math.isnan(value):
+        self.write({tag: value}, step)
+
+    def scalars(self, prefix: str, values: Mapping[str, float | torch.Tensor], step: int) -> None:
+        self.write({f"{prefix}/{name}": value for name, value in values.items()}, step)
+
+    def write(self, scalars: Mapping[str, float | torch.Tensor], step: int) -> None:
+        """Scalars by their full tag (``loss/total``, ``async/queue_length``, ...); NaNs are left out."""
+        written = {}
+        for tag, value in scalars.items():
+            if isinstance(value, torch.Tensor):
+                value = float(value.detach())
+            if math.isnan(value):
+                continue
             with self._disk_errors():
                 self.writer.add_scalar(tag, value, step)
             if self._csv is not None:
                 self._csv.write_row(step, tag, value)
-
-    def scalars(self, prefix: str, values: Mapping[str, float | torch.Tensor], step: int) -> None:
-        for name, value in values.items():
-            self.scalar(f"{prefix}/{name}", value, step)
-
-    def write(self, scalars: Mapping[str, float | torch.Tensor], step: int) -> None:
-        """Scalars by their full tag (``loss/total``, ``async/queue_length``, ...)."""
-        for tag, value in scalars.items():
-            self.scalar(tag, value, step)
+            written[tag] = float(value)
+        if written and self.trackers is not None:
+            self.trackers.log_scalars(written, step)  # (a tracker's failure is its one warning, never raised)
 
     def flush(self) -> None:
         """Write the queued events now; DiskWriteError if the disk refused them (now or in the writer's thread)."""
@@ -183,10 +191,15 @@ class Summaries:
         if self._csv is not None:
             self._csv.close()
             self._csv = None
+        if self.trackers is not None:
+            self.trackers.close()
+            self.trackers = None
 
 
 class NullSummaries:
     """What ranks other than 0 get: never due, writes nothing."""
+
+    trackers: Optional[Trackers] = None  # (rank 0 alone tracks)
 
     def is_due(self, iteration: int) -> bool:
         return False
