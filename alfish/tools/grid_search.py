@@ -16,7 +16,9 @@ most ``--parallel`` at a time; a run's stderr goes to ``<run>/grid_stderr.txt``.
 
 Resumable: a run that finished is marked (``<run>/grid_done.json``) and is not trained again; a run that did not
 finish (a crash, a killed search) is trained again with the same command, which resumes from its newest checkpoint.
-The table is printed at the end and written to ``ROOT_DIR/grid_summary.txt`` and ``.json``. Exit status: 0 when
+The table is printed at the end and written to ``ROOT_DIR/grid_summary.txt`` and ``.json``. Each run that finished
+gets a TensorBoard HParams session ``ROOT_DIR/hparams/<point>/seed-<s>`` (its bindings, its seed, its final and best
+evaluation return: ``tensorboard --logdir ROOT_DIR/hparams`` compares the runs in the HParams tab). Exit status: 0 when
 every run finished, 1 when some failed (named, with their last stderr line), 2 for bad arguments (one line).
 """
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any, Optional, Sequence
 
 from alfish.tools.cli import ToolError, report
 from alfish.tools.compare import format_table, summarize
+from alfish.tools.hparams import BEST_RETURN, FINAL_RETURN, has_session, write_session
 from alfish.tools.runs import Group
 
 DONE = "grid_done.json"
@@ -134,6 +137,25 @@ def train_run(conf: str, point: Point, seed: int, root: str, extra: Sequence[str
     return RunOutcome(point, seed, root, ok=True, wall_s=wall_s)
 
 
+def write_hparams(root_dir: str, outcome: RunOutcome, points: Sequence[Point]) -> None:
+    """The finished run's TensorBoard HParams session ``ROOT_DIR/hparams/<point>/seed-<s>``: its bindings, its seed,
+    its final and best evaluation return (none without an eval log); written once per run."""
+    session = f"{outcome.point.name}/seed-{outcome.seed}"
+    if has_session(root_dir, session):
+        return
+    domains: dict[str, list] = {}
+    for point in points:
+        for name, value in point.bindings:
+            domains.setdefault(name, []).append(value)
+    metrics = {}
+    try:
+        row = summarize(Group(session, (outcome.root,)))
+        metrics = {FINAL_RETURN: row.final, BEST_RETURN: row.best}
+    except ToolError:
+        pass  # trained without evaluations: the session holds the bindings alone
+    write_session(root_dir, session, {**dict(outcome.point.bindings), "seed": outcome.seed}, metrics, domains)
+
+
 def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m alfish.tools.grid_search", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -185,6 +207,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         for job in concurrent.futures.as_completed(jobs):
             outcome = job.result()
             outcomes.append(outcome)
+            if outcome.ok:
+                write_hparams(root_dir, outcome, points)
             state = ("finished earlier" if outcome.skipped else f"done in {outcome.wall_s:.0f} s" if outcome.ok
                      else f"FAILED ({outcome.error})")
             print(f"[{len(outcomes)}/{len(jobs)}] {outcome.point.name} seed {outcome.seed}: {state}", flush=True)

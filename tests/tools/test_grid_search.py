@@ -33,7 +33,7 @@ def test_a_2x2_grid_trains_every_point_and_resumes(tmp_path, capsys):
     conf, root = tiny_conf(tmp_path), tmp_path / "grid"
     assert grid_search.main(["--conf", str(conf), "--root_dir", str(root), *GRID, "--parallel", "2"]) == 0
     out = capsys.readouterr().out
-    points = sorted(p for p in os.listdir(root) if os.path.isdir(root / p))
+    points = sorted(p for p in os.listdir(root) if os.path.isdir(root / p) and p != "hparams")
     assert points == ["lr=0.001,gae_lambda=0.8", "lr=0.001,gae_lambda=0.9", "lr=0.003,gae_lambda=0.8",
                       "lr=0.003,gae_lambda=0.9"]
     for point in points:
@@ -43,6 +43,7 @@ def test_a_2x2_grid_trains_every_point_and_resumes(tmp_path, capsys):
         assert f"PpoAlgorithm.lr = {lr}" in operative and f"PpoAlgorithm.gae_lambda = {lam}" in operative
         assert [json.loads(line)["iteration"] for line in (run / "eval_log.jsonl").read_text().splitlines()] == [2, 4]
         assert (run / grid_search.DONE).exists()
+        assert (root / "hparams" / point / "seed-0").is_dir()  # its TensorBoard HParams session
     summary = json.loads((root / "grid_summary.json").read_text())
     assert sorted(row["run"] for row in summary) == points
     assert all(row["runs"] == 1 for row in summary)
