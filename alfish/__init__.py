@@ -142,3 +142,21 @@ def _installed_torch_version() -> Optional[str]:
 _version = _installed_torch_version()
 if _version is not None:
     check_torch_version(_version)
+
+
+# The Python entry points (``alfish.api``: ``alfish.train``, ``alfish.load_policy``), resolved on first use (PEP 562)
+# so that ``import alfish`` stays cheap and imports no torch. This floor package depends on nothing of alfish when it
+# is imported: it names its top layer here only by that lazy lookup (tools/import_graph.py checks import statements).
+_API = ("train", "load_policy", "TrainResult", "TrainError", "Policy", "LoadPolicyError")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module("alfish.api"), name)
+    raise AttributeError(f"module 'alfish' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_API))

@@ -24,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: (signals, the crash question, the progress line) imports nothing of alfish either.
 LAYERS = ("alfish", "errors", "seeding", "console", "data", "config", "schedulers", "networks", "losses", "envs",
           "transforms", "rundir", "algorithms", "replay", "learn", "collect", "evaluate", "export", "trainer", "bin",
-          "tools")
+          "api", "tools")
 
 
 def module_names(package_dir: pathlib.Path) -> dict[str, pathlib.Path]:

@@ -27,7 +27,7 @@ from alfish.bin.stored_run import load_checkpoint, load_policy_config, one_line,
 from alfish.config import ConfError
 from alfish.config.untrusted import check_env_names, trusted_prefixes
 from alfish.data.types import TimeStep
-from alfish.envs.batched_env import BatchedEnv, environment_settings
+from alfish.envs.batched_env import BatchedEnv, EnvSettings, environment_settings
 from alfish.evaluate import episodes
 from alfish.evaluate.acting import GreedyPolicy
 from alfish.rundir.checkpoint import CheckpointError
@@ -112,16 +112,22 @@ def check_record_file(path: str) -> None:
 
 
 def create_env(args: argparse.Namespace, trusted: tuple[str, ...]) -> BatchedEnv:
-    """The one env play steps, after checking that the env names the stored config gives import nothing untrusted.
+    """The one env play steps, after checking that the env names the stored config gives import nothing untrusted."""
+    render_mode = "human" if args.render else ("rgb_array" if args.record_file else None)
+    return env_settings(args.seed, render_mode, trusted).create()
+
+
+def env_settings(seed: int, render_mode: Optional[str], trusted: tuple[str, ...]) -> EnvSettings:
+    """The settings of one env (in this process) of the stored config just parsed (``load_policy_config``), after
+    checking that the env names it gives import nothing untrusted (``alfish.load_policy`` builds its env from them).
 
     The names are checked again here, resolved (macros and references evaluated), before gymnasium sees them.
     """
-    render_mode = "human" if args.render else ("rgb_array" if args.record_file else None)
-    settings = environment_settings(num_parallel_environments=1, seed=args.seed, vectorization="sync",
+    settings = environment_settings(num_parallel_environments=1, seed=seed, vectorization="sync",
                                     render_mode=render_mode)
     check_env_names({"create_environment.env_name": settings.env_name,
                      "create_environment.env_kwargs": settings.env_kwargs}, trusted)
-    return settings.create()
+    return settings
 
 
 write_video = episodes.write_video  # (kept importable from here)

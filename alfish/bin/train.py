@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -175,32 +176,69 @@ def known_run_failures() -> tuple[type[BaseException], ...]:
     return NonFiniteLossError, ChildProcessFailed, EnvWorkerError, EnvContractError, RankStoppedError
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = parse_args(argv)
+class TrainError(Exception):
+    """A problem ``run_training`` diagnosed: ``str()`` is one line saying what is wrong and what to change.
+
+    exit_code: the command's exit status for it (2: found before training started; 1: during training).
+    reported: already logged (stderr and ROOT_DIR/log.txt); when False (logging was not set up yet) the command
+        prints ``detail``, the error's own text, on stderr.
+    """
+
+    def __init__(self, message: str, exit_code: int, reported: bool, detail: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.exit_code, self.reported = exit_code, reported
+        self.detail = message if detail is None else detail
+
+
+@dataclasses.dataclass(frozen=True)
+class Finished:
+    """How a run that raised nothing ended: ``exit_code`` 0 (trained to the end) or 128+N (stopped by signal N), and
+    where its counters stood."""
+
+    exit_code: int
+    iterations: int
+    env_steps: int
+
+
+def _reported(message: str, exit_code: int) -> TrainError:
+    """``message`` logged and recorded for torchrun, as a ``TrainError`` to raise."""
+    logging.error("%s", message)
+    record_error_for_torchrun(message)
+    return TrainError(message, exit_code, reported=True)
+
+
+def run_training(conf: str, root_dir: str, conf_params: Sequence[str] = (), fresh: bool = False) -> Finished:
+    """What ``python -m alfish.bin.train`` does once its flags are parsed (``alfish.train`` calls it too): load the
+    conf and its ``conf_params`` bindings, check the root_dir, log to stderr and ROOT_DIR/log.txt, build the trainer
+    (resuming from ROOT_DIR's checkpoints unless ``fresh``), write the config record, train.
+
+    Raises:
+        TrainError: a problem found before or during training (module docstring), one line; also written to
+            torchrun's error file under torchrun.
+        Exception: anything else (a bug), as raised, after its line was written to torchrun's error file.
+    """
     try:
-        load_conf(args.conf, args.conf_param)
-        config = TrainerConfig(root_dir=args.root_dir, conf_file=args.conf)
+        load_conf(conf, conf_params)
+        config = TrainerConfig(root_dir=root_dir, conf_file=conf)
     except (ConfError, ValueError, TypeError) as err:
-        print(f"error: {err}", file=sys.stderr)
         record_error_for_torchrun(f"error: {one_line(err)}")
-        return 2
+        raise TrainError(one_line(err), 2, reported=False, detail=str(err)) from err
     from alfish.rundir.disk import DiskWriteError, check_root_dir  # light: no torch
 
     try:
-        check_root_dir(args.root_dir)  # before anything is built: a file, a read-only folder, a full disk
-        setup_logging(args.root_dir)
+        check_root_dir(root_dir)  # before anything is built: a file, a read-only folder, a full disk
+        setup_logging(root_dir)
     except DiskWriteError as err:
-        print(f"error: {err}", file=sys.stderr)
         record_error_for_torchrun(f"error: {err}")
-        return 2
+        raise TrainError(one_line(err), 2, reported=False, detail=str(err)) from err
     # after the conf is known good: imports torch-heavy modules
     from alfish.rundir.checkpoint import CheckpointError
     from alfish.trainer.build import build_trainer
 
     try:
-        trainer = build_trainer(config, fresh=args.fresh)
+        trainer = build_trainer(config, fresh=fresh)
     except Exception as err:
-        message = disk_failure(err, args.root_dir)
+        message = disk_failure(err, root_dir)
         if message is None and isinstance(err, CheckpointError):
             message = one_line(err)  # e.g. no checkpoint verifies: says what to do
         elif message is None and isinstance(err, (ValueError, TypeError, RuntimeError)):
@@ -208,34 +246,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             message = f"could not build the experiment: {one_line(err)}"
         elif message is None:
             raise
-        logging.error("%s", message)
-        record_error_for_torchrun(message)
-        return 2
+        raise _reported(message, 2) from err
     if process_rank() == 0:
         try:
-            write_config_record(args.root_dir)  # logs a warning for each binding that was set but never used
+            write_config_record(root_dir)  # logs a warning for each binding that was set but never used
         except OSError as err:
             trainer.close()
-            message = disk_failure(err, args.root_dir) or f"cannot write the config record: {one_line(err)}"
-            logging.error("%s", message)
-            record_error_for_torchrun(message)
-            return 2
+            raise _reported(disk_failure(err, root_dir) or f"cannot write the config record: {one_line(err)}",
+                            2) from err
     try:
-        return trainer.run()
+        exit_code = trainer.run()
     except Exception as err:
-        message = disk_failure(err, args.root_dir)
+        message = disk_failure(err, root_dir)
         if message is None and isinstance(err, known_run_failures()):
             # a failure alfish diagnosed (NaN loss, dead or hung child, worker or rank, broken env contract): its
             # message says what happened and what to do, a traceback of the trainer would only bury it
             logging.error("training stopped: %s: %s", type(err).__name__, err)
             record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}")
-            return 1
+            raise TrainError(f"training stopped: {type(err).__name__}: {one_line(err)}", 1, reported=True) from err
         if message is None:
             record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}")
             raise  # the traceback goes to stderr
-        logging.error("%s", message)  # the disk refused a write: one line, no traceback
-        record_error_for_torchrun(message)
-        return 1
+        raise _reported(message, 1) from err  # the disk refused a write: one line, no traceback
+    return Finished(exit_code, trainer.counters.iteration, trainer.counters.env_steps)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = parse_args(argv)
+    try:
+        return run_training(args.conf, args.root_dir, args.conf_param, args.fresh).exit_code
+    except TrainError as err:
+        if not err.reported:
+            print(f"error: {err.detail}", file=sys.stderr)
+        return err.exit_code
 
 
 if __name__ == "__main__":
