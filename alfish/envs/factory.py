@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import multiprocessing
 import os
 from typing import Optional
 
@@ -91,8 +92,13 @@ class EnvFactory:
                                        f"(a line `import {module}`) or name it '{module}:{bare_id}'") from None
             close = gym.envs.registration.find_highest_version(None, bare_id.split("-v")[0]) \
                 if "-v" in bare_id else None
-            raise ValueError(f"cannot make gymnasium env '{self.env_name}': {err}"
-                             + (f" (latest registered version: v{close})" if close is not None else "")) from None
+            hint = f" (latest registered version: v{close})" if close is not None else ""
+            if multiprocessing.parent_process() is not None and ":" not in self.env_name and close is None:
+                # a child of the run (async evaluation or unroll: spawn) knows only the envs of the conf's imports;
+                # an env registered in a notebook or a script's own code is unknown there
+                hint = ("; if your script or notebook registers it, register it in a module the conf imports instead "
+                        "(a line `import my_envs`: this child process of the run knows only those)")
+            raise ValueError(f"cannot make gymnasium env '{self.env_name}': {err}{hint}") from None
 
 
 def _entry_module(env_name: str) -> str:
