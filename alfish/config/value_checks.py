@@ -78,6 +78,8 @@ class Parameter:
     def _hint(self, value: Any, checker: _Checker) -> str:
         """What most likely went wrong: the closest valid string; the parentheses an uncalled reference lacks."""
         choices = (checker.one_of.values() if checker.one_of else ()) + _literal_strings(self.annotation)
+        if isinstance(value, str) and value in choices and _is_sequence_annotation(self.annotation):
+            return f"; write [{value!r}]: a list, even of one"  # (a valid element given where a list is expected)
         if isinstance(value, str) and choices:
             close = difflib.get_close_matches(value.lower(), [c.lower() for c in choices], n=1, cutoff=0.6)
             if close:

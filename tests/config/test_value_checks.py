@@ -69,6 +69,9 @@ BAD_VALUES = [
     ("LinearScheduler.progress_type = 'percnt'",
      "one of 'percent', 'iterations', 'env_steps'; did you mean 'percent'?"),
     ("AmpPolicy.dtype = 'bf16'", "one of 'bfloat16', 'float16' or None; did you mean 'bfloat16'?"),
+    # One valid element where a list of them is expected.
+    ("Trainer.trackers = 'wandb'", "a list or tuple of one of 'wandb', 'mlflow'; write ['wandb']: a list, even of one"),
+    ("Trainer.trackers = 'wandbb'", "a list or tuple of one of 'wandb', 'mlflow'; did you mean 'wandb'?"),
     # Wrong tuple shapes and contents.
     ("SacAlgorithm.hidden_sizes = 'abc'", "a list or tuple of ints >= 1, e.g. (256, 256)"),
     ("SacAlgorithm.hidden_sizes = 256", "a list or tuple of ints >= 1, e.g. (256, 256)"),
