@@ -59,6 +59,7 @@ class EvalVideo:
         self.directory = os.path.join(os.path.abspath(root_dir), "videos")
         self.interval, self.video_format, self.seed = interval, video_format, seed
         self.count = 0
+        self.last_written: Optional[tuple[int, str]] = None  # (evaluated iteration, path) of the newest video
         self.env: Optional[BatchedEnv] = None
         self.policy: Optional[tuple[Any, Any]] = None  # (transformer, algorithm) copies the episodes act with
 
@@ -86,6 +87,7 @@ class EvalVideo:
                                 frames=frames)
         path = os.path.join(self.directory, f"eval-{iteration}.{self.video_format}")
         self._write(path, frames, int(self.env._venv.metadata.get("render_fps") or 30))
+        self.last_written = (iteration, path)
         logging.info("evaluation video (return %.2f, %d frames, %.1f s): %s", returns[0], len(frames),
                      time.monotonic() - start, path)
 

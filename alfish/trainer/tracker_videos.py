@@ -3,7 +3,7 @@ callback after ``EvalVideoCallback`` hands the video just written to the tracker
 media at the evaluated iteration; MLflow: an artifact under ``videos/``)."""
 from __future__ import annotations
 
-import os
+from typing import Optional
 
 from alfish.evaluate.eval_video import EvalVideo
 from alfish.rundir.safe_paths import kind_in_root
@@ -12,15 +12,17 @@ from alfish.trainer.callbacks import Evaluation, RunningTrainer, TrainerCallback
 
 
 class TrackedEvalVideos(TrainerCallback):
-    """After each recorded evaluation: when ``video`` recorded this one (its every ``interval``-th), give the file
-    ``videos/eval-<iteration>.<format>`` to ``trackers`` at the evaluated iteration."""
+    """After each recorded evaluation: when ``video`` has just written this evaluation's video
+    (``EvalVideo.last_written``), give the file to ``trackers`` at the evaluated iteration."""
 
     def __init__(self, video: EvalVideo, trackers: Trackers) -> None:
         self.video, self.trackers = video, trackers
+        self._given: Optional[tuple[int, str]] = None
 
     def after_evaluation(self, trainer: RunningTrainer, evaluation: Evaluation) -> None:
-        if self.video.count % self.video.interval:  # (EvalVideo counts the evaluations it was given)
+        written = self.video.last_written
+        if written is None or written == self._given or written[0] != evaluation.iteration:
             return
-        path = os.path.join(self.video.directory, f"eval-{evaluation.iteration}.{self.video.video_format}")
-        if kind_in_root(self.video.root_dir, path) == "file":
-            self.trackers.log_video(path, evaluation.iteration)
+        self._given = written
+        if kind_in_root(self.video.root_dir, written[1]) == "file":
+            self.trackers.log_video(written[1], evaluation.iteration)
