@@ -187,7 +187,6 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-@pytest.mark.slow  # ~34 s of two searches under load; the resume of a stopped search is the CI test above
 def test_a_killed_search_requeues_its_running_trial_which_resumes_from_its_checkpoint(tmp_path):
     # The driver is SIGKILLed while trial 0 trains (it cannot stop it): the next search stops the trainer it left
     # (SIGTERM: a checkpoint), marks trial 0 interrupted and trains its bindings again as trial 1, in trial-0,
@@ -223,7 +222,7 @@ def test_a_killed_search_requeues_its_running_trial_which_resumes_from_its_check
 
 
 
-@pytest.mark.slow  # two training starts under a subprocess driver (~12 s); the resumed search above is the CI one
+@pytest.mark.slow  # two training starts under a subprocess driver (~12 s); the killed-driver test above is the CI one
 def test_a_signalled_search_stops_its_trials_cleanly_and_requeues_them(tmp_path):
     # Ctrl-C or SIGTERM to the search: it sends SIGTERM to its trials (they checkpoint), re-queues them, and exits
     # with 128 + 15; the next search trains the re-queued trial on in the same folder.
