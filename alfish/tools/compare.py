@@ -112,13 +112,21 @@ def format_table(rows: Sequence[Row], fmt: str, threshold: Optional[float] = Non
         writer.writerow(record(rows[0], threshold).keys() if rows else header(threshold))
         writer.writerows(["-" if v is None else v for v in record(r, threshold).values()] for r in rows)
         return out.getvalue()
-    table = [header(threshold)] + [cells(r, threshold) for r in rows]
+    return render_table([header(threshold)] + [cells(r, threshold) for r in rows], fmt)
+
+
+def render_table(table: list[list[str]], fmt: str) -> str:
+    """A header row and rows of text cells as ``'csv'``, ``'markdown'`` or aligned text (any other ``fmt``): the
+    first column left-aligned, the others right-aligned so that the digits of numbers line up."""
+    if fmt == "csv":
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerows(table)
+        return out.getvalue()
     if fmt == "markdown":
         lines = ["| " + " | ".join(line) + " |" for line in table]
         lines.insert(1, "|" + "|".join(["---"] + ["---:"] * (len(table[0]) - 1)) + "|")
         return "\n".join(lines) + "\n"
     widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    # the run column left-aligned, the numbers right-aligned so their digits line up
     return "".join("  ".join([line[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(line[1:], widths[1:])])
                    .rstrip() + "\n" for line in table)
 

@@ -8,8 +8,6 @@ final, best, at, steps/s, wall-clock s), then the trial's value of each binding.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import math
 import os
@@ -20,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 from alfish.tools import hparams
 from alfish.tools.cli import ToolError
-from alfish.tools.compare import Row, cells, record, summarize
+from alfish.tools.compare import Row, cells, record, render_table, summarize
 from alfish.tools.runs import Group
 from alfish.tools.search_space import Param, gin_text
 
@@ -79,23 +77,7 @@ def format_trials(records: Sequence[dict], space: dict[str, Param], fmt: str) ->
         value = "-" if r["value"] is None else f"{r['value']:.2f}"
         params = [_cell(r["params"][n]) if n in r["params"] else "-" for n in names]
         table.append([str(r["trial"]), r["state"], value, *numbers, *params])
-    return render(table, fmt)
-
-
-def render(table: list[list[str]], fmt: str) -> str:
-    """A header row and rows of text cells as csv, markdown or aligned text (compare's layout: the first column
-    left-aligned, the others right-aligned)."""
-    if fmt == "csv":
-        out = io.StringIO()
-        csv.writer(out, lineterminator="\n").writerows(table)
-        return out.getvalue()
-    if fmt == "markdown":
-        lines = ["| " + " | ".join(line) + " |" for line in table]
-        lines.insert(1, "|" + "|".join(["---"] + ["---:"] * (len(table[0]) - 1)) + "|")
-        return "\n".join(lines) + "\n"
-    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
-    return "".join("  ".join([line[0].ljust(widths[0])] + [c.rjust(w) for c, w in zip(line[1:], widths[1:])])
-                   .rstrip() + "\n" for line in table)
+    return render_table(table, fmt)
 
 
 def write_best(out_dir: str, best: Any, space: dict[str, Param], conf: str, conf_params: Sequence[str]) -> str:
