@@ -122,6 +122,12 @@ def train(job: Sb3Job, root: pathlib.Path, checkpoint_every: int) -> dict:
     state = checkpoint.state() or dict(num_timesteps=0, elapsed_s=0.0, evaluations=0)
     clock_zero = time.monotonic() - state["elapsed_s"]  # the run's clock continues from the checkpoint's
     model, env, evaluate = build(job, checkpoint)
+    # SB3's own training statistics (train/clip_fraction, approx_kl, the losses, ...: its logger's means over each
+    # training phase) in a CSV per start, to set beside alfish's TensorBoard (whose loss/ scalars are those of the
+    # last update of an iteration)
+    from stable_baselines3.common.logger import configure
+
+    model.set_logger(configure(str(root / "sb3_log" / f"from-{state['num_timesteps']}"), ["csv"]))
     log_path = root / "eval_log.jsonl"
     kept = _kept_records(log_path, state["num_timesteps"])
     log = log_path.open("w")
@@ -156,7 +162,7 @@ def train(job: Sb3Job, root: pathlib.Path, checkpoint_every: int) -> dict:
     callback = Every()
     learn_start = time.monotonic()
     model.learn(total_timesteps=job.env_steps - state["num_timesteps"], callback=callback,
-                reset_num_timesteps=state["num_timesteps"] == 0)
+                reset_num_timesteps=state["num_timesteps"] == 0, log_interval=1)  # (a log row per episode/rollout)
     if not recorded or recorded[-1] != model.num_timesteps:
         record(int(model.num_timesteps), callback.number + 1)  # the final evaluation, at the budget
     log.close()

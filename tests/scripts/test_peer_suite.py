@@ -195,3 +195,7 @@ def test_the_sb3_peer_resumes_from_its_checkpoint(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "eval_log.jsonl").read_text().splitlines()]
     assert [r["env_steps"] for r in records] == [300, 500, 600]  # alfish's points: 100 + 200 k, and the budget
     assert records[0]["elapsed_s"] < records[1]["elapsed_s"] < records[2]["elapsed_s"]
+    # SB3's own training statistics, one CSV per start (SAC: its losses and entropy coefficient)
+    for start in ("from-0", "from-300"):
+        header = (tmp_path / "sb3_log" / start / "progress.csv").read_text().splitlines()[0].split(",")
+        assert {"train/actor_loss", "train/critic_loss", "time/total_timesteps"} <= set(header), header
