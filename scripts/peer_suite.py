@@ -6,6 +6,12 @@ with a ``run.json`` written when the run ends; a run that has one is not trained
 its last checkpoint, so a suite interrupted (e.g. by the end of a session) goes on where it stopped (a finished run
 at another ``--env_steps`` is an error, not a silent mix).
 
+``--record DIR`` keeps the finished runs beyond ``OUT``: each ``run.json`` (the curve, the wall-clock, the commit that
+ran it; a few kB) is also written to ``DIR/<conf>/<framework>/seed-<k>/run.json``, and a run recorded there is read
+back instead of trained. With ``DIR`` in the repository (``tools/bench/results/peer_sb3/runs``, committed), seeds
+trained in different sessions, on machines that do not outlive a session, add up to one table: a 300k-step SAC run
+takes most of a session here, so no session trains a whole task.
+
 The table gives per framework: the seeds done, the IQM of the final evaluation returns over seeds with its 95%
 percentile-bootstrap interval (rliable's protocol, ``alfish.tools.stats``), the IQM at half the budget (the return at
 equal env steps along the way), the wall-clock per seed (median; each run's own clock at its final evaluation, which
@@ -41,6 +47,17 @@ class PeerRun:
     wall_s: float
     curve: list
     error: Optional[str] = None
+    commit: Optional[str] = None  # the alfish commit that ran it ("+dirty": with uncommitted changes); None: not known
+
+    @classmethod
+    def read(cls, path: pathlib.Path) -> "PeerRun":
+        """A ``run.json`` back (plain JSON, its known fields only); a damaged one is a one-line ``ValueError``."""
+        try:
+            data = json.loads(path.read_text())
+            fields = {f.name for f in dataclasses.fields(cls)}
+            return cls(**{k: v for k, v in data.items() if k in fields})
+        except (ValueError, TypeError, AttributeError) as err:
+            raise ValueError(f"{path} is not a run record ({err}); delete it to train that run again") from None
 
     @property
     def final_return(self) -> Optional[float]:
@@ -83,16 +100,39 @@ def _command(framework: str, conf: pathlib.Path, root: pathlib.Path, params: Seq
     return command
 
 
+def git_commit() -> Optional[str]:
+    """This checkout's commit (short), ``+dirty`` with uncommitted changes to tracked files; None outside git."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                             timeout=30, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return sha + ("+dirty" if dirty else "")
+
+
 def run_one(framework: str, conf: pathlib.Path, seed: int, env_steps: int, out: pathlib.Path,
-            extra: Sequence[str], timeout_s: float) -> PeerRun:
-    """Train ``conf`` with ``framework`` (or read the finished run back); its ``PeerRun``."""
-    root = out / conf.stem / framework / f"seed-{seed}"
-    record = root / "run.json"
-    if record.exists():
-        run = PeerRun(**json.loads(record.read_text()))
-        if run.env_steps != env_steps:
-            raise ValueError(f"{root} holds a run of {run.env_steps} env steps, not {env_steps}; use another --out")
-        return run
+            extra: Sequence[str], timeout_s: float, record_dir: Optional[pathlib.Path] = None) -> PeerRun:
+    """Train ``conf`` with ``framework`` (or read the finished run back, from ``out`` or ``record_dir``); its
+    ``PeerRun``. A finished run is also recorded in ``record_dir`` (``--record``)."""
+    where = pathlib.Path(conf.stem) / framework / f"seed-{seed}"
+    root, record = out / where, out / where / "run.json"
+    kept = record_dir / where / "run.json" if record_dir is not None else None
+    for path in (record, kept):
+        if path is not None and path.exists():
+            run = PeerRun.read(path)
+            if run.env_steps != env_steps:
+                raise ValueError(f"{path.parent} holds a run of {run.env_steps} env steps, not {env_steps}; use "
+                                 "another --out (or --record)")
+            if kept is not None and not kept.exists():
+                _write_record(kept, run)
+            if not record.exists():  # recorded in another session: its curve into OUT too, for the plot
+                _write_record(record, run)
+                if not (root / "eval_log.jsonl").exists():
+                    (root / "eval_log.jsonl").write_text("".join(
+                        json.dumps(dict(env_steps=steps, average_return=value)) + "\n" for steps, value in run.curve))
+            return run
     params = [f"TrainerConfig.random_seed={seed}", f"TrainerConfig.num_env_steps={env_steps}",
               "TrainerConfig.num_iterations=0", *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"),
@@ -110,10 +150,18 @@ def run_one(framework: str, conf: pathlib.Path, seed: int, env_steps: int, out: 
     # continue from a checkpoint's after a resume, so work lost to an interruption is not counted
     wall_s = float(records[-1]["elapsed_s"]) if records and error is None else time.monotonic() - start
     run = PeerRun(framework, seed, env_steps, wall_s, [(int(r["env_steps"]), float(r["average_return"]))
-                                                      for r in records], error)
+                                                      for r in records], error, git_commit())
     if error is None:  # a failed run is tried again next time
-        record.write_text(json.dumps(dataclasses.asdict(run)))
+        for path in filter(None, (record, kept)):
+            _write_record(path, run)
     return run
+
+
+def _write_record(path: pathlib.Path, run: PeerRun) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(dataclasses.asdict(run)) + "\n")
+    os.replace(tmp, path)  # (atomic: a record is whole or absent)
 
 
 def _iqm_cell(values: list[float], seed: int = 0) -> str:
@@ -165,7 +213,7 @@ def plot(conf: pathlib.Path, out: pathlib.Path) -> Optional[str]:
 
 
 def run_suite(confs: Sequence[pathlib.Path], seeds: int, env_steps: int, out: pathlib.Path, extra: Sequence[str],
-              timeout_s: float, parallel: int) -> list[list[str]]:
+              timeout_s: float, parallel: int, record_dir: Optional[pathlib.Path] = None) -> list[list[str]]:
     """Train every conf with both frameworks, seed by seed (alfish, then SB3: alternating processes that see the same
     machine load); the table rows."""
     import concurrent.futures
@@ -173,7 +221,7 @@ def run_suite(confs: Sequence[pathlib.Path], seeds: int, env_steps: int, out: pa
     rows = []
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
         for conf in confs:
-            jobs = [pool.submit(run_one, fw, conf, seed, env_steps, out, extra, timeout_s)
+            jobs = [pool.submit(run_one, fw, conf, seed, env_steps, out, extra, timeout_s, record_dir)
                     for seed in range(seeds) for fw in FRAMEWORKS]
             runs = []
             for job in jobs:

@@ -214,6 +214,10 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="also train Stable-Baselines3 at the same hyperparameters, budget and seeds (alternating "
                              "processes) and print a table per task: IQM final return [95%% CI], IQM at half the "
                              "budget, wall-clock, the published figure (needs: pip install stable-baselines3)")
+    parser.add_argument("--record", default=None,
+                        help="with --peer: also keep each finished run's run.json here, and take a run recorded here "
+                             "as done (e.g. tools/bench/results/peer_sb3/runs, committed: seeds of several sessions "
+                             "in one table)")
     parser.add_argument("--env_steps", type=int, default=None,
                         help="the budget of every run, overriding each conf's (e.g. 300000 for SAC/TD3 MuJoCo here)")
     return parser.parse_args(argv)
@@ -227,6 +231,7 @@ def peer_main(args: argparse.Namespace, expectations: Sequence[Expectation]) -> 
     import sb3_translate
 
     out = pathlib.Path(args.out).resolve()
+    record_dir = pathlib.Path(args.record).resolve() if args.record else None
     rows = []
     for e in expectations:
         if e.env_steps is None and args.env_steps is None:
@@ -238,7 +243,7 @@ def peer_main(args: argparse.Namespace, expectations: Sequence[Expectation]) -> 
             print(f"{e.conf.name}: skipped (no SB3 translation: {err})", flush=True)
             continue
         rows += peer_suite.run_suite([e.conf], args.seeds or e.seeds, args.env_steps or e.env_steps, out,
-                                     args.conf_param, args.timeout_s, args.parallel)
+                                     args.conf_param, args.timeout_s, args.parallel, record_dir)
     table_md = peer_suite.markdown_table(rows)
     print(table_md)
     out.mkdir(parents=True, exist_ok=True)
@@ -251,6 +256,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.seeds is not None and args.seeds < 1 or args.parallel < 1:
             raise ValidateError("--seeds and --parallel must be >= 1")
+        if args.record is not None and args.peer is None:
+            raise ValidateError("--record keeps the runs of --peer sb3 only; add --peer sb3 or leave --record out")
         confs = [pathlib.Path(c).resolve() for c in args.confs] or sorted((REPO / "confs").glob("*.gin"))
         missing = [str(c) for c in confs if not c.is_file()]
         if missing:

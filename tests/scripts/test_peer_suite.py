@@ -4,6 +4,7 @@ here: the translation is plain data, and the one test that trains both framework
 import json
 import math
 import pathlib
+import re
 import sys
 
 import gin
@@ -199,3 +200,37 @@ def test_the_sb3_peer_resumes_from_its_checkpoint(tmp_path):
     for start in ("from-0", "from-300"):
         header = (tmp_path / "sb3_log" / start / "progress.csv").read_text().splitlines()[0].split(",")
         assert {"train/actor_loss", "train/critic_loss", "time/total_timesteps"} <= set(header), header
+
+
+def test_recorded_runs_add_up_across_out_dirs_and_a_damaged_record_is_one_line(tmp_path):
+    """``--record``: a finished run's record is kept in the record dir; a later suite with a fresh ``--out`` (a new
+    session's machine) reads it back instead of training, with its curve in OUT for the plot."""
+    conf = tmp_path / "task.gin"
+    conf.write_text("")
+    first, record_dir = tmp_path / "session1", tmp_path / "records"
+    _canned(first, "sb3", 0, [(500, 1.0), (1000, 3.0)], wall_s=7.0)
+    run = peer_suite.run_one("sb3", conf, 0, 1000, first, [], 1.0, record_dir)  # read from OUT, kept in the record
+    kept = record_dir / "task" / "sb3" / "seed-0" / "run.json"
+    assert json.loads(kept.read_text())["curve"] == [[500, 1.0], [1000, 3.0]]
+    second = tmp_path / "session2"
+    again = peer_suite.run_one("sb3", conf, 0, 1000, second, [], 1.0, record_dir)  # nothing trains (timeout 1 s)
+    assert (again.final_return, again.wall_s) == (run.final_return, 7.0)
+    logged = [json.loads(line) for line in (second / "task" / "sb3" / "seed-0" / "eval_log.jsonl").read_text()
+              .splitlines()]
+    assert [(r["env_steps"], r["average_return"]) for r in logged] == [(500, 1.0), (1000, 3.0)]
+    with pytest.raises(ValueError, match="holds a run of 1000 env steps, not 2000"):
+        peer_suite.run_one("sb3", conf, 0, 2000, tmp_path / "session3", [], 1.0, record_dir)
+    kept.write_text('{"framework": "sb3", "seed"')  # damaged: one line naming the file, no training
+    with pytest.raises(ValueError, match=r"run\.json is not a run record .*delete it"):
+        peer_suite.run_one("sb3", conf, 0, 1000, tmp_path / "session4", [], 1.0, record_dir)
+
+
+def test_a_run_record_names_the_commit_that_ran_it():
+    commit = peer_suite.git_commit()
+    assert commit is None or re.fullmatch(r"[0-9a-f]{4,40}(\+dirty)?", commit)
+
+
+def test_record_without_peer_is_refused():
+    import validate_confs
+
+    assert validate_confs.main(["--record", "somewhere", str(CONFS / "ppo_cartpole.gin")]) == 2
