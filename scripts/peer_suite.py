@@ -113,9 +113,11 @@ def git_commit() -> Optional[str]:
 
 
 def run_one(framework: str, conf: pathlib.Path, seed: int, env_steps: int, out: pathlib.Path,
-            extra: Sequence[str], timeout_s: float, record_dir: Optional[pathlib.Path] = None) -> PeerRun:
+            extra: Sequence[str], timeout_s: float, record_dir: Optional[pathlib.Path] = None,
+            train: bool = True) -> Optional[PeerRun]:
     """Train ``conf`` with ``framework`` (or read the finished run back, from ``out`` or ``record_dir``); its
-    ``PeerRun``. A finished run is also recorded in ``record_dir`` (``--record``)."""
+    ``PeerRun``. A finished run is also recorded in ``record_dir`` (``--record``). ``train=False``
+    (``--table_only``): None for a run that has no record, instead of training it."""
     where = pathlib.Path(conf.stem) / framework / f"seed-{seed}"
     root, record = out / where, out / where / "run.json"
     kept = record_dir / where / "run.json" if record_dir is not None else None
@@ -133,6 +135,8 @@ def run_one(framework: str, conf: pathlib.Path, seed: int, env_steps: int, out: 
                     (root / "eval_log.jsonl").write_text("".join(
                         json.dumps(dict(env_steps=steps, average_return=value)) + "\n" for steps, value in run.curve))
             return run
+    if not train:
+        return None
     params = [f"TrainerConfig.random_seed={seed}", f"TrainerConfig.num_env_steps={env_steps}",
               "TrainerConfig.num_iterations=0", *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", MUJOCO_GL=os.environ.get("MUJOCO_GL", "egl"),
@@ -213,19 +217,22 @@ def plot(conf: pathlib.Path, out: pathlib.Path) -> Optional[str]:
 
 
 def run_suite(confs: Sequence[pathlib.Path], seeds: int, env_steps: int, out: pathlib.Path, extra: Sequence[str],
-              timeout_s: float, parallel: int, record_dir: Optional[pathlib.Path] = None) -> list[list[str]]:
+              timeout_s: float, parallel: int, record_dir: Optional[pathlib.Path] = None,
+              train: bool = True) -> list[list[str]]:
     """Train every conf with both frameworks, seed by seed (alfish, then SB3: alternating processes that see the same
-    machine load); the table rows."""
+    machine load); the table rows. ``train=False``: the rows and plots of the recorded runs only."""
     import concurrent.futures
 
     rows = []
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
         for conf in confs:
-            jobs = [pool.submit(run_one, fw, conf, seed, env_steps, out, extra, timeout_s, record_dir)
+            jobs = [pool.submit(run_one, fw, conf, seed, env_steps, out, extra, timeout_s, record_dir, train)
                     for seed in range(seeds) for fw in FRAMEWORKS]
             runs = []
             for job in jobs:
                 run = job.result()
+                if run is None:  # (--table_only: not recorded yet)
+                    continue
                 runs.append(run)
                 print(f"{conf.stem} {run.framework} seed {run.seed}: final {run.final_return}, {run.wall_s:.0f} s"
                       + (f", error: {run.error}" if run.error else ""), flush=True)

@@ -218,6 +218,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="with --peer: also keep each finished run's run.json here, and take a run recorded here "
                              "as done (e.g. tools/bench/results/peer_sb3/runs, committed: seeds of several sessions "
                              "in one table)")
+    parser.add_argument("--table_only", action="store_true",
+                        help="with --peer: print the table and draw the curves of the runs already finished (in --out "
+                             "or --record), training nothing")
     parser.add_argument("--env_steps", type=int, default=None,
                         help="the budget of every run, overriding each conf's (e.g. 300000 for SAC/TD3 MuJoCo here)")
     return parser.parse_args(argv)
@@ -243,7 +246,8 @@ def peer_main(args: argparse.Namespace, expectations: Sequence[Expectation]) -> 
             print(f"{e.conf.name}: skipped (no SB3 translation: {err})", flush=True)
             continue
         rows += peer_suite.run_suite([e.conf], args.seeds or e.seeds, args.env_steps or e.env_steps, out,
-                                     args.conf_param, args.timeout_s, args.parallel, record_dir)
+                                     args.conf_param, args.timeout_s, args.parallel, record_dir,
+                                     train=not args.table_only)
     table_md = peer_suite.markdown_table(rows)
     print(table_md)
     out.mkdir(parents=True, exist_ok=True)
@@ -256,8 +260,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.seeds is not None and args.seeds < 1 or args.parallel < 1:
             raise ValidateError("--seeds and --parallel must be >= 1")
-        if args.record is not None and args.peer is None:
-            raise ValidateError("--record keeps the runs of --peer sb3 only; add --peer sb3 or leave --record out")
+        for flag, value in (("--record", args.record is not None), ("--table_only", args.table_only)):
+            if value and args.peer is None:
+                raise ValidateError(f"{flag} is about the runs of --peer sb3 only; add --peer sb3 or leave {flag} out")
         confs = [pathlib.Path(c).resolve() for c in args.confs] or sorted((REPO / "confs").glob("*.gin"))
         missing = [str(c) for c in confs if not c.is_file()]
         if missing:

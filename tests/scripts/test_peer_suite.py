@@ -116,8 +116,8 @@ def test_ppo_without_an_explicit_ortho_init_and_unknown_transformers_are_refused
                                                              "LinearScheduler.progress_type='percent'"])
 
 
-def _canned(out: pathlib.Path, framework: str, seed: int, curve: list, wall_s: float) -> None:
-    root = out / "task" / framework / f"seed-{seed}"
+def _canned(out: pathlib.Path, framework: str, seed: int, curve: list, wall_s: float, task: str = "task") -> None:
+    root = out / task / framework / f"seed-{seed}"
     root.mkdir(parents=True)
     run = peer_suite.PeerRun(framework, seed, 1000, wall_s, curve)
     (root / "run.json").write_text(json.dumps(peer_suite.dataclasses.asdict(run)))
@@ -234,3 +234,19 @@ def test_record_without_peer_is_refused():
     import validate_confs
 
     assert validate_confs.main(["--record", "somewhere", str(CONFS / "ppo_cartpole.gin")]) == 2
+
+
+def test_table_only_prints_the_recorded_seeds_and_trains_nothing(tmp_path, capsys):
+    import validate_confs
+
+    records = tmp_path / "records"
+    for framework, final in (("alfish", 3000.0), ("sb3", 2000.0)):  # seed 0 recorded; seed 1 not yet
+        _canned(records, framework, 0, [(500, final / 2), (1000, final)], wall_s=5.0, task="td3_halfcheetah")
+    code = validate_confs.main([str(CONFS / "td3_halfcheetah.gin"), "--peer", "sb3", "--seeds", "2", "--env_steps",
+                                "1000", "--record", str(records), "--out", str(tmp_path / "out"), "--table_only"])
+    assert code == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| td3_halfcheetah")]
+    assert [row.split(" | ")[1:4] for row in rows] == [["alfish", "1", "3000"],
+                                                       ["sb3", "1", "2000"]]  # one seed: the value itself
+    assert not (tmp_path / "out" / "td3_halfcheetah" / "alfish" / "seed-1").exists()  # nothing trained
+    assert (tmp_path / "out" / "td3_halfcheetah.png").is_file()  # the curves, from the records' eval logs
