@@ -218,16 +218,17 @@ def plot(conf: pathlib.Path, out: pathlib.Path) -> Optional[str]:
 
 def run_suite(confs: Sequence[pathlib.Path], seeds: int, env_steps: int, out: pathlib.Path, extra: Sequence[str],
               timeout_s: float, parallel: int, record_dir: Optional[pathlib.Path] = None,
-              train: bool = True) -> list[list[str]]:
+              train: bool = True, first_seed: int = 0) -> list[list[str]]:
     """Train every conf with both frameworks, seed by seed (alfish, then SB3: alternating processes that see the same
-    machine load); the table rows. ``train=False``: the rows and plots of the recorded runs only."""
+    machine load); the table rows. ``train=False``: the rows and plots of the recorded runs only. ``first_seed``: the
+    seeds below it are neither trained nor tabled (another session's, not recorded)."""
     import concurrent.futures
 
     rows = []
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
         for conf in confs:
             jobs = [pool.submit(run_one, fw, conf, seed, env_steps, out, extra, timeout_s, record_dir, train)
-                    for seed in range(seeds) for fw in FRAMEWORKS]
+                    for seed in range(first_seed, seeds) for fw in FRAMEWORKS]
             runs = []
             for job in jobs:
                 run = job.result()

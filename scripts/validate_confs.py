@@ -218,6 +218,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                         help="with --peer: also keep each finished run's run.json here, and take a run recorded here "
                              "as done (e.g. tools/bench/results/peer_sb3/runs, committed: seeds of several sessions "
                              "in one table)")
+    parser.add_argument("--first_seed", type=int, default=0,
+                        help="with --peer: start at this seed (the seeds below it ran elsewhere, unrecorded), up to "
+                             "--seeds - 1")
     parser.add_argument("--table_only", action="store_true",
                         help="with --peer: print the table and draw the curves of the runs already finished (in --out "
                              "or --record), training nothing")
@@ -247,7 +250,7 @@ def peer_main(args: argparse.Namespace, expectations: Sequence[Expectation]) -> 
             continue
         rows += peer_suite.run_suite([e.conf], args.seeds or e.seeds, args.env_steps or e.env_steps, out,
                                      args.conf_param, args.timeout_s, args.parallel, record_dir,
-                                     train=not args.table_only)
+                                     train=not args.table_only, first_seed=args.first_seed)
     table_md = peer_suite.markdown_table(rows)
     print(table_md)
     out.mkdir(parents=True, exist_ok=True)
@@ -260,7 +263,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.seeds is not None and args.seeds < 1 or args.parallel < 1:
             raise ValidateError("--seeds and --parallel must be >= 1")
-        for flag, value in (("--record", args.record is not None), ("--table_only", args.table_only)):
+        if args.first_seed < 0 or args.seeds is not None and args.first_seed >= args.seeds:
+            raise ValidateError(f"--first_seed {args.first_seed} must be >= 0 and below --seeds")
+        for flag, value in (("--record", args.record is not None), ("--table_only", args.table_only),
+                            ("--first_seed", args.first_seed != 0)):
             if value and args.peer is None:
                 raise ValidateError(f"{flag} is about the runs of --peer sb3 only; add --peer sb3 or leave {flag} out")
         confs = [pathlib.Path(c).resolve() for c in args.confs] or sorted((REPO / "confs").glob("*.gin"))

@@ -250,3 +250,18 @@ def test_table_only_prints_the_recorded_seeds_and_trains_nothing(tmp_path, capsy
                                                        ["sb3", "1", "2000"]]  # one seed: the value itself
     assert not (tmp_path / "out" / "td3_halfcheetah" / "alfish" / "seed-1").exists()  # nothing trained
     assert (tmp_path / "out" / "td3_halfcheetah.png").is_file()  # the curves, from the records' eval logs
+
+
+def test_first_seed_leaves_the_earlier_seeds_out_and_bad_values_are_refused(tmp_path, capsys):
+    import validate_confs
+
+    records = tmp_path / "records"
+    for seed in (0, 1):
+        _canned(records, "alfish", seed, [(1000, 100.0 * (seed + 1))], wall_s=1.0, task="td3_halfcheetah")
+    common = [str(CONFS / "td3_halfcheetah.gin"), "--peer", "sb3", "--env_steps", "1000", "--record", str(records),
+              "--out", str(tmp_path / "out"), "--table_only"]
+    assert validate_confs.main([*common, "--seeds", "2", "--first_seed", "1"]) == 0
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| td3_halfcheetah | alfish"))
+    assert row.split(" | ")[2:4] == ["1", "200"]  # seed 1 only
+    assert validate_confs.main([*common, "--seeds", "2", "--first_seed", "2"]) == 2
+    assert validate_confs.main([str(CONFS / "td3_halfcheetah.gin"), "--first_seed", "1"]) == 2  # without --peer
