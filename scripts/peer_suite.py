@@ -8,9 +8,9 @@ at another ``--env_steps`` is an error, not a silent mix).
 
 ``--record DIR`` keeps the finished runs beyond ``OUT``: each ``run.json`` (the curve, the wall-clock, the commit that
 ran it; a few kB) is also written to ``DIR/<conf>/<framework>/seed-<k>/run.json``, and a run recorded there is read
-back instead of trained. With ``DIR`` in the repository (``tools/bench/results/peer_sb3/runs``, committed), seeds
-trained in different sessions, on machines that do not outlive a session, add up to one table: a 300k-step SAC run
-takes most of a session here, so no session trains a whole task.
+back instead of trained. With ``DIR`` in the repository (``tools/bench/results/peer_sb3/runs/300k``: a folder per
+budget, committed), seeds trained in different sessions, on machines that do not outlive a session, add up to one
+table: a 300k-step SAC run takes most of a session here, so no session trains a whole task.
 
 The table gives per framework: the seeds done, the IQM of the final evaluation returns over seeds with its 95%
 percentile-bootstrap interval (rliable's protocol, ``alfish.tools.stats``), the IQM at half the budget (the return at

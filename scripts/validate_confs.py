@@ -216,7 +216,8 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
                              "budget, wall-clock, the published figure (needs: pip install stable-baselines3)")
     parser.add_argument("--record", default=None,
                         help="with --peer: also keep each finished run's run.json here, and take a run recorded here "
-                             "as done (e.g. tools/bench/results/peer_sb3/runs, committed: seeds of several sessions "
+                             "as done (e.g. tools/bench/results/peer_sb3/runs/300k, a folder per budget, committed: "
+                             "seeds of several sessions "
                              "in one table)")
     parser.add_argument("--first_seed", type=int, default=0,
                         help="with --peer: start at this seed (the seeds below it ran elsewhere, unrecorded), up to "
