@@ -125,6 +125,7 @@ class TrainingStep:
     def run(self, steps_per_env: int) -> float:
         """Collect ``steps_per_env`` steps per env and train; returns the steps per env collected (``collect``'s)."""
         start = time.monotonic()
+        self.transformer.begin_iteration()  # e.g. the observation statistics this iteration normalizes with
         collected = self._collect_and_train(steps_per_env)
         self.timing["train_s"] = time.monotonic() - start - self.timing["unroll_s"]
         self.algorithm.after_train_iter()

@@ -61,6 +61,10 @@ class DataTransformer(nn.Module):
         """Experience view, ``[L, B, ...]`` (time-major) or ``[B, T, ...]`` (whole buffer): leaf-wise, shape-free."""
         return exp
 
+    def begin_iteration(self) -> None:
+        """Called by the trainer at the start of each training iteration, before its collection (statistics that
+        must stay fixed for an iteration are frozen here: ``ObservationNormalizer``)."""
+
 
 class SequentialDataTransformer(DataTransformer):
     """Transformers applied in order; validates the order rule."""
@@ -91,6 +95,10 @@ class SequentialDataTransformer(DataTransformer):
         for t in self.transformers:
             exp = t.transform_experience(exp)
         return exp
+
+    def begin_iteration(self) -> None:
+        for t in self.transformers:
+            t.begin_iteration()
 
     def rollout_view(self, update_stats: bool) -> "RolloutView":
         return RolloutView(self, update_stats)

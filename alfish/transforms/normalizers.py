@@ -136,6 +136,15 @@ class ObservationNormalizer(DataTransformer):
     are merged once per iteration, after the collection (module docstring): with ``'rollout'`` every rank's training
     step then normalizes with the same statistics; with ``'replay'`` each rank's samples move its own copy until the
     next merge.
+
+    With ``'rollout'``, one training iteration normalizes with the statistics as they stood at its start (frozen by
+    ``begin_iteration``): its rollout and its training batches see a stored observation normalized alike, although the
+    rollout's steps update the statistics as they come (they count from the next iteration on). Otherwise PPO's
+    stored log-probabilities, taken on the rollout's normalization, would not be those of its training batches,
+    normalized after the rollout moved the statistics: with HalfCheetah's conf, 43-62% of a rollout's samples were
+    outside the clip range before any update (``tests/algorithms/test_ppo_normalized_ratio.py``). SB3's VecNormalize
+    stores the normalized observations, to the same effect. Evaluation and play read the newest statistics (those
+    the next iteration will use).
     ``fields``: for dict observations, the keys to normalize (default: all); must be None for Box observations.
     """
 
@@ -160,31 +169,54 @@ class ObservationNormalizer(DataTransformer):
                              f"observation space is {observation_space}: leave fields unset")
         else:
             self.stats = RunningMeanStd(tuple(observation_space.shape))
+        # The (mean, std) of each statistics (key None for Box observations) frozen by begin_iteration; None before
+        # the first iteration and after a load (the live statistics are read then). Not checkpointed: a resumed run
+        # freezes the loaded statistics at its first iteration, as the uninterrupted run froze the same numbers.
+        self._frozen: Optional[dict[Optional[str], tuple[torch.Tensor, torch.Tensor]]] = None
 
-    def _normalize_one(self, stats: RunningMeanStd, obs: torch.Tensor, update: bool) -> torch.Tensor:
+    def _all_stats(self) -> dict[Optional[str], RunningMeanStd]:
+        return {None: self.stats} if self.fields is None else dict(self.field_stats.items())
+
+    def _moments(self, stats: RunningMeanStd) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mean, sqrt(var + epsilon))`` of ``stats``, float64, of the observation's shape."""
+        return stats.mean, torch.sqrt(stats.variance() + self.epsilon)
+
+    def begin_iteration(self) -> None:
+        """Freeze the statistics this training iteration normalizes with (``'rollout'`` mode; class docstring)."""
+        if self.update_mode == "rollout":
+            self._frozen = {key: (mean.clone(), std) for key, (mean, std) in
+                            ((key, self._moments(stats)) for key, stats in self._all_stats().items())}
+
+    def _normalize_one(self, key: Optional[str], obs: torch.Tensor, update: bool, frozen: bool) -> torch.Tensor:
+        stats = self._all_stats()[key]
         if update:
             stats.update(obs)
-        std = torch.sqrt(stats.variance() + self.epsilon)
-        out = ((obs.double() - stats.mean) / std).to(torch.float32)
+        mean, std = self._frozen[key] if frozen and self._frozen is not None else self._moments(stats)
+        out = ((obs.double() - mean) / std).to(torch.float32)
         return out.clamp(-self.clip_value, self.clip_value) if self.clip_value else out
 
-    def _normalize(self, obs: Any, update: bool) -> Any:
+    def _normalize(self, obs: Any, update: bool, frozen: bool = False) -> Any:
         if self.fields is None:
-            return self._normalize_one(self.stats, obs, update)
-        return {k: self._normalize_one(self.field_stats[k], v, update) if k in self.field_stats else v
+            return self._normalize_one(None, obs, update, frozen)
+        return {k: self._normalize_one(k, v, update, frozen) if k in self.field_stats else v
                 for k, v in obs.items()}
 
     def normalize(self, obs: Any) -> Any:
-        """Normalize without touching the statistics."""
+        """Normalize with the newest statistics, without touching them."""
         return self._normalize(obs, update=False)
 
     def transform_timestep(self, time_step: TimeStep, state: Any, update_stats: bool) -> tuple[TimeStep, Any]:
+        # The training rollout (update_stats) reads the iteration's frozen statistics; evaluation and play the newest.
         update = update_stats and self.update_mode == "rollout"
-        return time_step._replace(observation=self._normalize(time_step.observation, update)), state
+        return time_step._replace(observation=self._normalize(time_step.observation, update, frozen=update)), state
 
     def transform_experience(self, exp: Experience) -> Experience:
         update = self.training and self.update_mode == "replay"
-        return exp._replace(observation=self._normalize(exp.observation, update))
+        return exp._replace(observation=self._normalize(exp.observation, update, frozen=True))
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._frozen = None  # loaded statistics: read live until the next iteration freezes them
 
 
 #: SB3's ``RunningMeanStd`` starts as if this many values of mean 0 and variance 1 had been seen (its ``epsilon``).

@@ -61,6 +61,27 @@ def test_observation_normalizer_normalizes_clips_and_updates_only_when_asked():
     assert far[0, 0].item() == pytest.approx(1.5)  # (100 - 2) / 1 clipped to clip_value
 
 
+def test_observation_normalizer_freezes_an_iterations_statistics_for_its_rollout_and_training():
+    norm = ObservationNormalizer(BOX, clip_value=0)
+    norm.transform_timestep(time_step(torch.tensor([[0.0] * 3, [2.0] * 3])), None, update_stats=True)  # mean 1, var 1
+    norm.begin_iteration()
+    four = torch.full((1, 3), 4.0)
+    rollout = norm.transform_timestep(time_step(four), None, update_stats=True)[0].observation
+    assert torch.allclose(rollout, torch.full((1, 3), 3.0))  # (4 - 1) / 1 with the frozen statistics...
+    assert int(norm.stats.count) == 3  # ...while the 4 is counted: 0, 2, 4 have mean 2 and variance 8/3
+    trained = norm.transform_experience(experience(four.view(1, 1, 3), torch.zeros(1, 1))).observation
+    assert torch.allclose(trained, torch.full((1, 1, 3), 3.0))  # the training batch normalizes as the rollout did
+    newest = 2.0 / (8.0 / 3.0) ** 0.5
+    played = norm.transform_timestep(time_step(four), None, update_stats=False)[0].observation
+    assert played[0, 0].item() == pytest.approx(newest, rel=1e-6)  # evaluation and play read the newest
+    norm.load_state_dict(norm.state_dict())  # loaded statistics are read as they are until the next freeze
+    loaded = norm.transform_experience(experience(four.view(1, 1, 3), torch.zeros(1, 1))).observation
+    assert loaded[0, 0, 0].item() == pytest.approx(newest, rel=1e-6)
+    norm.begin_iteration()
+    assert norm.transform_timestep(time_step(four), None, True)[0].observation[0, 0].item() == pytest.approx(
+        newest, rel=1e-6)
+
+
 def test_observation_normalizer_replay_mode_updates_from_experience():
     norm = ObservationNormalizer(BOX, update_mode="replay")
     norm.transform_timestep(time_step(torch.ones(2, 3)), None, update_stats=True)
