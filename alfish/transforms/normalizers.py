@@ -175,21 +175,22 @@ class ObservationNormalizer(DataTransformer):
         # freezes the loaded statistics at its first iteration, as the uninterrupted run froze the same numbers.
         self._frozen: Optional[dict[Optional[str], tuple[torch.Tensor, torch.Tensor]]] = None
 
-    def _all_stats(self) -> dict[Optional[str], RunningMeanStd]:
-        return {None: self.stats} if self.fields is None else dict(self.field_stats.items())
-
     def _moments(self, stats: RunningMeanStd) -> tuple[torch.Tensor, torch.Tensor]:
         """``(mean, sqrt(var + epsilon))`` of ``stats``, float64, of the observation's shape."""
         return stats.mean, torch.sqrt(stats.variance() + self.epsilon)
 
     def begin_iteration(self) -> None:
         """Freeze the statistics this training iteration normalizes with (``'rollout'`` mode; class docstring)."""
-        if self.update_mode == "rollout":
-            self._frozen = {key: (mean.clone(), std) for key, (mean, std) in
-                            ((key, self._moments(stats)) for key, stats in self._all_stats().items())}
+        if self.update_mode != "rollout":
+            return
+        every = {None: self.stats} if self.fields is None else dict(self.field_stats.items())
+        self._frozen = {}
+        for key, stats in every.items():
+            mean, std = self._moments(stats)
+            self._frozen[key] = (mean.clone(), std)  # (mean is the live buffer; std is a new tensor)
 
-    def _normalize_one(self, key: Optional[str], obs: torch.Tensor, update: bool, frozen: bool) -> torch.Tensor:
-        stats = self._all_stats()[key]
+    def _normalize_one(self, key: Optional[str], stats: RunningMeanStd, obs: torch.Tensor, update: bool,
+                       frozen: bool) -> torch.Tensor:
         if update:
             stats.update(obs)
         mean, std = self._frozen[key] if frozen and self._frozen is not None else self._moments(stats)
@@ -198,8 +199,8 @@ class ObservationNormalizer(DataTransformer):
 
     def _normalize(self, obs: Any, update: bool, frozen: bool = False) -> Any:
         if self.fields is None:
-            return self._normalize_one(None, obs, update, frozen)
-        return {k: self._normalize_one(k, v, update, frozen) if k in self.field_stats else v
+            return self._normalize_one(None, self.stats, obs, update, frozen)
+        return {k: self._normalize_one(k, self.field_stats[k], v, update, frozen) if k in self.field_stats else v
                 for k, v in obs.items()}
 
     def normalize(self, obs: Any) -> Any:
