@@ -218,16 +218,20 @@ def plot(conf: pathlib.Path, out: pathlib.Path) -> Optional[str]:
 
 def run_suite(confs: Sequence[pathlib.Path], seeds: int, env_steps: int, out: pathlib.Path, extra: Sequence[str],
               timeout_s: float, parallel: int, record_dir: Optional[pathlib.Path] = None,
-              train: bool = True, first_seed: int = 0) -> list[list[str]]:
+              train: bool = True, first_seed: int = 0,
+              train_frameworks: Sequence[str] = FRAMEWORKS) -> list[list[str]]:
     """Train every conf with both frameworks, seed by seed (alfish, then SB3: alternating processes that see the same
     machine load); the table rows. ``train=False``: the rows and plots of the recorded runs only. ``first_seed``: the
-    seeds below it are neither trained nor tabled (another session's, not recorded)."""
+    seeds below it are neither trained nor tabled (another session's, not recorded). ``train_frameworks``: only these
+    frameworks' missing runs train; the others' are tabled where recorded (after a change to alfish that supersedes
+    its records while the peer's stay valid)."""
     import concurrent.futures
 
     rows = []
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
         for conf in confs:
-            jobs = [pool.submit(run_one, fw, conf, seed, env_steps, out, extra, timeout_s, record_dir, train)
+            jobs = [pool.submit(run_one, fw, conf, seed, env_steps, out, extra, timeout_s, record_dir,
+                                train and fw in train_frameworks)
                     for seed in range(first_seed, seeds) for fw in FRAMEWORKS]
             runs = []
             for job in jobs:

@@ -222,6 +222,9 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     parser.add_argument("--first_seed", type=int, default=0,
                         help="with --peer: start at this seed (the seeds below it ran elsewhere, unrecorded), up to "
                              "--seeds - 1")
+    parser.add_argument("--train_only", choices=["alfish", "sb3"], default=None,
+                        help="with --peer: train only this framework's missing runs; the other's are tabled where "
+                             "recorded (e.g. alfish again after a change that superseded its records, SB3's kept)")
     parser.add_argument("--table_only", action="store_true",
                         help="with --peer: print the table and draw the curves of the runs already finished (in --out "
                              "or --record), training nothing")
@@ -251,7 +254,8 @@ def peer_main(args: argparse.Namespace, expectations: Sequence[Expectation]) -> 
             continue
         rows += peer_suite.run_suite([e.conf], args.seeds or e.seeds, args.env_steps or e.env_steps, out,
                                      args.conf_param, args.timeout_s, args.parallel, record_dir,
-                                     train=not args.table_only, first_seed=args.first_seed)
+                                     train=not args.table_only, first_seed=args.first_seed,
+                                     train_frameworks=[args.train_only] if args.train_only else peer_suite.FRAMEWORKS)
     table_md = peer_suite.markdown_table(rows)
     print(table_md)
     out.mkdir(parents=True, exist_ok=True)
@@ -267,7 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.first_seed < 0 or args.seeds is not None and args.first_seed >= args.seeds:
             raise ValidateError(f"--first_seed {args.first_seed} must be >= 0 and below --seeds")
         for flag, value in (("--record", args.record is not None), ("--table_only", args.table_only),
-                            ("--first_seed", args.first_seed != 0)):
+                            ("--first_seed", args.first_seed != 0), ("--train_only", args.train_only is not None)):
             if value and args.peer is None:
                 raise ValidateError(f"{flag} is about the runs of --peer sb3 only; add --peer sb3 or leave {flag} out")
         confs = [pathlib.Path(c).resolve() for c in args.confs] or sorted((REPO / "confs").glob("*.gin"))

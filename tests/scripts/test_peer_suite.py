@@ -265,3 +265,21 @@ def test_first_seed_leaves_the_earlier_seeds_out_and_bad_values_are_refused(tmp_
     assert row.split(" | ")[2:4] == ["1", "200"]  # seed 1 only
     assert validate_confs.main([*common, "--seeds", "2", "--first_seed", "2"]) == 2
     assert validate_confs.main([str(CONFS / "td3_halfcheetah.gin"), "--first_seed", "1"]) == 2  # without --peer
+
+
+def test_train_only_trains_one_framework_and_tables_the_others_records(tmp_path, capsys):
+    """``--train_only alfish``: alfish's missing run is started (here it fails at once: an empty conf), SB3's missing
+    run is not; SB3's recorded seed is still tabled."""
+    import validate_confs
+
+    conf = tmp_path / "task.gin"
+    conf.write_text("")
+    records, out = tmp_path / "records", tmp_path / "out"
+    _canned(records, "sb3", 0, [(1000, 50.0)], wall_s=1.0)
+    rows = peer_suite.run_suite([conf], 2, 1000, out, [], 120.0, 1, records, first_seed=0,
+                                train_frameworks=["alfish"])
+    assert [row[1:3] for row in rows] == [["alfish", "0 (2 failed)"], ["sb3", "1"]]
+    assert (out / "task" / "alfish" / "seed-1").is_dir()  # tried
+    assert not (out / "task" / "sb3" / "seed-1").exists()  # not trained
+    assert validate_confs.main([str(CONFS / "ppo_cartpole.gin"), "--train_only", "alfish"]) == 2  # without --peer
+    assert "--train_only is about the runs of --peer sb3 only" in capsys.readouterr().err
