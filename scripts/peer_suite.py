@@ -28,7 +28,7 @@ import re
 import subprocess
 import sys
 import time
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -216,33 +216,40 @@ def plot(conf: pathlib.Path, out: pathlib.Path) -> Optional[str]:
     return None if code == 0 else "the plot tool failed (see above)"
 
 
-def run_suite(confs: Sequence[pathlib.Path], seeds: int, env_steps: int, out: pathlib.Path, extra: Sequence[str],
-              timeout_s: float, parallel: int, record_dir: Optional[pathlib.Path] = None,
-              train: bool = True, first_seed: int = 0,
+class PeerTask(NamedTuple):
+    """One conf of a suite: trained to ``env_steps`` with seeds ``first_seed .. seeds - 1``."""
+    conf: pathlib.Path
+    seeds: int
+    env_steps: int
+
+
+def run_suite(tasks: Sequence[PeerTask], out: pathlib.Path, extra: Sequence[str], timeout_s: float, parallel: int,
+              record_dir: Optional[pathlib.Path] = None, train: bool = True, first_seed: int = 0,
               train_frameworks: Sequence[str] = FRAMEWORKS) -> list[list[str]]:
-    """Train every conf with both frameworks, seed by seed (alfish, then SB3: alternating processes that see the same
-    machine load); the table rows. ``train=False``: the rows and plots of the recorded runs only. ``first_seed``: the
-    seeds below it are neither trained nor tabled (another session's, not recorded). ``train_frameworks``: only these
-    frameworks' missing runs train; the others' are tabled where recorded (after a change to alfish that supersedes
-    its records while the peer's stay valid)."""
+    """Train every task's conf with both frameworks, seed by seed (alfish, then SB3: alternating processes that see
+    the same machine load); the table rows, task by task. Every task's runs are queued at once, so no core idles at
+    the end of one conf while its last run finishes. ``train=False``: the rows and plots of the recorded runs only.
+    ``first_seed``: the seeds below it are neither trained nor tabled (another session's, not recorded).
+    ``train_frameworks``: only these frameworks' missing runs train; the others' are tabled where recorded (after a
+    change to alfish that supersedes its records while the peer's stay valid)."""
     import concurrent.futures
 
     rows = []
     with concurrent.futures.ThreadPoolExecutor(parallel) as pool:
-        for conf in confs:
-            jobs = [pool.submit(run_one, fw, conf, seed, env_steps, out, extra, timeout_s, record_dir,
-                                train and fw in train_frameworks)
-                    for seed in range(first_seed, seeds) for fw in FRAMEWORKS]
+        jobs = [[pool.submit(run_one, fw, task.conf, seed, task.env_steps, out, extra, timeout_s, record_dir,
+                             train and fw in train_frameworks)
+                 for seed in range(first_seed, task.seeds) for fw in FRAMEWORKS] for task in tasks]
+        for task, task_jobs in zip(tasks, jobs):
             runs = []
-            for job in jobs:
+            for job in task_jobs:
                 run = job.result()
                 if run is None:  # (--table_only: not recorded yet)
                     continue
                 runs.append(run)
-                print(f"{conf.stem} {run.framework} seed {run.seed}: final {run.final_return}, {run.wall_s:.0f} s"
-                      + (f", error: {run.error}" if run.error else ""), flush=True)
-            rows += task_rows(conf, runs, env_steps)
-            problem = plot(conf, out)
+                print(f"{task.conf.stem} {run.framework} seed {run.seed}: final {run.final_return}, "
+                      f"{run.wall_s:.0f} s" + (f", error: {run.error}" if run.error else ""), flush=True)
+            rows += task_rows(task.conf, runs, task.env_steps)
+            problem = plot(task.conf, out)
             if problem:
-                print(f"{conf.stem}: no plot ({problem})", flush=True)
+                print(f"{task.conf.stem}: no plot ({problem})", flush=True)
     return rows

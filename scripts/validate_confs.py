@@ -242,7 +242,7 @@ def peer_main(args: argparse.Namespace, expectations: Sequence[Expectation]) -> 
 
     out = pathlib.Path(args.out).resolve()
     record_dir = pathlib.Path(args.record).resolve() if args.record else None
-    rows = []
+    tasks = []
     for e in expectations:
         if e.env_steps is None and args.env_steps is None:
             print(f"{e.conf.name}: skipped (an offline conf: no env steps to compare at)", flush=True)
@@ -252,10 +252,10 @@ def peer_main(args: argparse.Namespace, expectations: Sequence[Expectation]) -> 
         except sb3_translate.TranslateError as err:
             print(f"{e.conf.name}: skipped (no SB3 translation: {err})", flush=True)
             continue
-        rows += peer_suite.run_suite([e.conf], args.seeds or e.seeds, args.env_steps or e.env_steps, out,
-                                     args.conf_param, args.timeout_s, args.parallel, record_dir,
-                                     train=not args.table_only, first_seed=args.first_seed,
-                                     train_frameworks=[args.train_only] if args.train_only else peer_suite.FRAMEWORKS)
+        tasks.append(peer_suite.PeerTask(e.conf, args.seeds or e.seeds, args.env_steps or e.env_steps))
+    rows = peer_suite.run_suite(tasks, out, args.conf_param, args.timeout_s, args.parallel, record_dir,
+                                train=not args.table_only, first_seed=args.first_seed,
+                                train_frameworks=[args.train_only] if args.train_only else peer_suite.FRAMEWORKS)
     table_md = peer_suite.markdown_table(rows)
     print(table_md)
     out.mkdir(parents=True, exist_ok=True)

@@ -116,10 +116,11 @@ def test_ppo_without_an_explicit_ortho_init_and_unknown_transformers_are_refused
                                                              "LinearScheduler.progress_type='percent'"])
 
 
-def _canned(out: pathlib.Path, framework: str, seed: int, curve: list, wall_s: float, task: str = "task") -> None:
+def _canned(out: pathlib.Path, framework: str, seed: int, curve: list, wall_s: float, task: str = "task",
+            env_steps: int = 1000) -> None:
     root = out / task / framework / f"seed-{seed}"
     root.mkdir(parents=True)
-    run = peer_suite.PeerRun(framework, seed, 1000, wall_s, curve)
+    run = peer_suite.PeerRun(framework, seed, env_steps, wall_s, curve)
     (root / "run.json").write_text(json.dumps(peer_suite.dataclasses.asdict(run)))
 
 
@@ -276,10 +277,24 @@ def test_train_only_trains_one_framework_and_tables_the_others_records(tmp_path,
     conf.write_text("")
     records, out = tmp_path / "records", tmp_path / "out"
     _canned(records, "sb3", 0, [(1000, 50.0)], wall_s=1.0)
-    rows = peer_suite.run_suite([conf], 2, 1000, out, [], 120.0, 1, records, first_seed=0,
+    rows = peer_suite.run_suite([peer_suite.PeerTask(conf, 2, 1000)], out, [], 120.0, 1, records,
                                 train_frameworks=["alfish"])
     assert [row[1:3] for row in rows] == [["alfish", "0 (2 failed)"], ["sb3", "1"]]
     assert (out / "task" / "alfish" / "seed-1").is_dir()  # tried
     assert not (out / "task" / "sb3" / "seed-1").exists()  # not trained
     assert validate_confs.main([str(CONFS / "ppo_cartpole.gin"), "--train_only", "alfish"]) == 2  # without --peer
     assert "--train_only is about the runs of --peer sb3 only" in capsys.readouterr().err
+
+
+def test_a_suite_of_tasks_tables_each_at_its_own_budget_in_order(tmp_path):
+    """Several confs in one suite (their runs queued together): each task's rows, in the tasks' order, read at the
+    task's own budget."""
+    records = tmp_path / "records"
+    _canned(records, "alfish", 0, [(500, 1.0), (1000, 10.0)], wall_s=1.0, task="a")
+    _canned(records, "sb3", 0, [(2000, 20.0)], wall_s=1.0, task="b", env_steps=2000)
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.gin").write_text("")  # (read for a published figure: none)
+    tasks = [peer_suite.PeerTask(tmp_path / "b.gin", 1, 2000), peer_suite.PeerTask(tmp_path / "a.gin", 1, 1000)]
+    rows = peer_suite.run_suite(tasks, tmp_path / "out", [], 1.0, 2, records, train=False)
+    assert [row[:4] for row in rows] == [["b", "alfish", "0", "-"], ["b", "sb3", "1", "20"],
+                                         ["a", "alfish", "1", "10"], ["a", "sb3", "0", "-"]]
