@@ -143,6 +143,14 @@ class Algorithm(nn.Module):
     def after_update(self) -> None:
         """Called after every optimizer step."""
 
+    def fixed_updates_ahead(self) -> int:
+        """How many coming updates (from the next one) may run as one compiled scan (``Learner.scan_updates``): their
+        losses read nothing but the batch, the parameters the optimizer trains and values fixed over them (no
+        ``after_update`` among them changes what a loss reads), every trained parameter is reached by every loss,
+        and no random numbers are drawn. The default, 0, says this algorithm's updates never qualify (and
+        ``scan_updates=True`` is refused for it)."""
+        return 0
+
     def after_train_iter(self) -> None:
         """Called once per training iteration."""
 

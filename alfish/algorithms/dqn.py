@@ -293,3 +293,10 @@ class DqnAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         towards the Q-network. The period is decided on the Python mirror of the count: no host sync."""
         if self._count_update() % self.target_update_period == 0:
             polyak_update(self.target_q_net, self.q_net, self.tau())
+
+    def fixed_updates_ahead(self) -> int:
+        """The updates until the next target update (its loss reads the target network, fixed until then; no random
+        numbers); 0 for a recurrent Q-network (not scanned: its unroll over the sequence is not written for it)."""
+        if self.recurrent:
+            return 0
+        return self.target_update_period - self.updates_done % self.target_update_period

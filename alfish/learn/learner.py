@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from alfish.algorithms.base import Algorithm
+from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience, LossInfo
 from alfish.errors import NonFiniteLossError, OneLineValueError
 from alfish.learn.amp import AmpPolicy
@@ -36,6 +37,7 @@ from alfish.learn.diagnostics import Diagnostics, squared_norm
 from alfish.learn.distributed import DistContext, HybridBatch, allreduce_gradients, wrap_for_ddp
 from alfish.learn.finite_guard import NonFiniteGuard
 from alfish.learn.optim import OptimizerConfig
+from alfish.learn.scanned_updates import ScannedUpdates, scan_refusal
 from alfish.learn.whole_update import WholeUpdate, unsupported_reason
 from alfish.schedulers import split_lr_schedules, traced_values, update_optimizer_lrs
 
@@ -95,7 +97,7 @@ class Learner:
                  amp: AmpPolicy | None = None, dist: DistContext | None = None,
                  device: Optional[torch.device] = None, finite_check_interval: Optional[int] = None,
                  compile_mode: Optional[str] = None, compile_backend: Optional[str | Callable] = None,
-                 compile_scope: Optional[str] = None):
+                 compile_scope: Optional[str] = None, scan_updates: bool = False):
         if device is None:
             device = next(iter(algorithm.parameters())).device
         self.device = torch.device(device)
@@ -112,6 +114,8 @@ class Learner:
         self._whole: Optional[WholeUpdate] = None
         self._compiled = self._compile(compile_mode, compile_backend, compile_scope)
         self._compute_loss = self.loss_module if self._compiled is None else self._compiled
+        self.scan_updates = scan_updates
+        self._scan = self._scanned_updates(compile_backend) if scan_updates else None
         # What the compiled loss reads of the schedules: 0-d tensors, refreshed before each update (else none).
         compiled = self._compiled is not None or self._whole is not None
         self._traced_values = list(traced_values(algorithm)) if compiled else []
@@ -259,6 +263,46 @@ class Learner:
             logging.warning("Learner.compile_scope='update' cannot compile the whole update here (%s): compiling "
                             "the loss module only (compile_scope='loss')", reason)
         return CompiledLoss(self.loss_module, mode, backend or "inductor", self.device)
+
+    def _scanned_updates(self, backend: Optional[str | Callable]) -> ScannedUpdates:
+        """``scan_updates=True``'s compiled scan, after checking that it can run here."""
+        reason = scan_refusal(self._whole is not None, self.algorithm)
+        if reason is not None:
+            raise OneLineValueError(f"Learner.scan_updates=True: {reason}")
+        self._whole.ensure_state()
+        return ScannedUpdates(self.loss_module, self.optimizer, self.optimizer_config, self.compile_mode,
+                              backend or "inductor")
+
+    def update_scanned(self, batch: Experience, batch_info: BatchInfo | None, num_updates: int) -> LossInfo | None:
+        """``num_updates`` updates on the consecutive mini-batches of ``batch`` ``[L, num_updates * B]`` (as
+        ``sample_batch(..., num_batches=num_updates)`` draws them) in one compiled call, the updates ``update`` makes
+        on each in turn. Returns the last update's LossInfo, its ``priority`` the updates' in update order
+        ``[num_updates * B]``; None when they cannot run as one scan now (``ScannedUpdates.ready``; a diagnosed
+        update among them): the caller then updates on each. Raises ``NonFiniteLossError`` at the first update with
+        a NaN/inf loss, the updates before it made (as single updates that read each loss would leave it)."""
+        if self._scan is None or not self._scan.ready(self.algorithm, num_updates) or (
+                self.diagnostics is not None and any(self.diagnostics.armed(self.num_updates + k)
+                                                     for k in range(1, num_updates + 1))):
+            return None
+        for value in self._traced_values:
+            value.refresh()
+        weights = batch_info.importance_weights if batch_info is not None else None
+        out = self._scan(batch, weights, num_updates, self._whole.ensure_state())
+        if out is None:
+            return None
+        finite = out.finite.tolist()  # (one host read for the K updates)
+        made = finite.index(False) if not all(finite) else num_updates
+        for _ in range(made):
+            self.algorithm.after_update()
+        self.num_updates += made
+        if made < num_updates:  # update `made` had a non-finite loss: it and the later ones changed nothing
+            self.finite_guard.check_value(float(out.loss[made]), nest.map_nest(lambda x: x[made], out.loss_info),
+                                          None if out.weights is None else out.weights[made], self.num_updates)
+        last = nest.map_nest(lambda x: x[-1], out.loss_info)
+        self._last_loss = last._replace(loss=out.loss[-1])
+        self._last_grad_norm = None if out.grad_norm is None else out.grad_norm[-1]
+        priority = out.loss_info.priority
+        return last._replace(priority=priority.reshape(-1) if isinstance(priority, torch.Tensor) else priority)
 
     def apply(self, loss_info: LossInfo, batch_info: BatchInfo | None = None) -> LossInfo:
         """One gradient step on a loss built outside the loss module (the on-policy path: ``calc_loss`` on the unroll,

@@ -154,7 +154,7 @@ class WholeUpdate:
         torch._dynamo.config.trace_autograd_ops = True
         self.compiled: Optional[Callable] = compile_checked(self._update, mode, backend)
 
-    def _ensure_state(self) -> list[dict[str, torch.Tensor]]:
+    def ensure_state(self) -> list[dict[str, torch.Tensor]]:
         """Each parameter's Adam state (made as torch's first step makes it where missing: a fresh optimizer, or one
         loaded from a checkpoint saved before its first step)."""
         states = []
@@ -172,7 +172,7 @@ class WholeUpdate:
         it has fallen back to eager updates (this update then still to be done)."""
         if self.compiled is None:
             return None
-        states = self._ensure_state()
+        states = self.ensure_state()
         for lr, group in zip(self._lrs, self.optimizer.param_groups):
             lr.fill_(group["lr"])
         # The first updates compile: a failure there leaves the update to be done without it, from the random-number

@@ -176,6 +176,9 @@ def _assemble(setup: RunSetup, collector: Collector) -> Trainer:
     log_job_totals(dist, spec.num_envs, config.mini_batch_size)
     learner = Learner(algorithm, OptimizerConfig(), AmpPolicy(config.enable_amp, setup.device.type), dist,
                       setup.device)
+    if learner.scan_updates and not setup.options.presample_mini_batches:
+        raise ValueError("Learner.scan_updates=True runs an iteration's presampled mini-batches as one compiled call: "
+                         "set Trainer.presample_mini_batches=True too")
     transformer.to(setup.device)  # normalizer statistics are used in training, on the device
     counters = Counters()
     replay, training = build_replay_and_training(setup, StepParts(collector, learner, algorithm, transformer),

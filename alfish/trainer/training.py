@@ -244,6 +244,13 @@ class SampledReplayTraining(ReplayTraining):
         written back in one, after the last update (in update order: a start drawn twice takes the later one)."""
         sample = sample_batch(self.replay, self.transformer, self.settings.mini_batch_size,
                               self.settings.mini_batch_length, num_batches=self.num_updates)
+        scanned = self.learner.update_scanned(sample.batch, sample.info, self.num_updates)  # (Learner.scan_updates)
+        if scanned is not None:
+            size = sample.info.env_ids.shape[0] // self.num_updates
+            self.last_actions = sample.batch.action[:, -size:], sample.batch.step_type[:, -size:]  # the last batch's
+            if isinstance(scanned.priority, torch.Tensor):
+                self.replay.update_priorities(sample.where, scanned.priority)
+            return
         priorities = []
         for batch, info in split_sample(sample, self.num_updates):
             loss_info = self.learner.update(batch, info)

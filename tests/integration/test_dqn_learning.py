@@ -44,7 +44,8 @@ N_STEP_3 = ["DqnAlgorithm.n_step = 3", "TrainerConfig.mini_batch_length = 4"]
 PRIORITIZED = ["TrainerConfig.priority_replay = True", "TrainerConfig.priority_replay_beta = 0.4"]
 # The same 800 env steps and 200 updates as 50 iterations of 4 steps and 4 updates, the 4 mini-batches of an
 # iteration drawn at once (priorities written back after them), each update the whole compiled update (aot_eager:
-# the same graph as inductor's without generating code, so the test stays quick)
+# the same graph as inductor's without generating code, so the test stays quick); "scanned": an iteration's 4
+# updates as one compiled scan (Learner.scan_updates; the target period, 20, a multiple of 4)
 PRESAMPLED_COMPILED = ["Trainer.presample_mini_batches = True", "TrainerConfig.num_iterations = 50",
                        "TrainerConfig.unroll_length = 4", "TrainerConfig.num_updates_per_train_iter = 4",
                        "TrainerConfig.eval_interval = 7", "Learner.compile_mode = 'default'",
@@ -57,8 +58,10 @@ def returns(tmp_path, params=()):
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("params", [[], N_STEP_3, PRIORITIZED, N_STEP_3 + PRIORITIZED,
-                                    PRIORITIZED + PRESAMPLED_COMPILED],
-                         ids=["n1", "n3", "n1-prioritized", "n3-prioritized", "n1-prioritized-presampled-compiled"])
+                                    PRIORITIZED + PRESAMPLED_COMPILED,
+                                    PRIORITIZED + PRESAMPLED_COMPILED + ["Learner.scan_updates = True"]],
+                         ids=["n1", "n3", "n1-prioritized", "n3-prioritized", "n1-prioritized-presampled-compiled",
+                              "n1-prioritized-presampled-scanned"])
 def test_dqn_reaches_the_optimum_of_chain(tmp_path, params):
     result = returns(tmp_path, params)
     assert len(result) == 8
@@ -71,3 +74,11 @@ def test_dqn_reaches_the_optimum_of_chain(tmp_path, params):
 def test_dqn_with_a_negligible_learning_rate_does_not_reach_the_threshold(tmp_path):
     result = returns(tmp_path, ["DqnAlgorithm.lr = 1e-9"])
     assert max(result) < 0.4, result
+
+
+def test_scan_updates_without_presampled_mini_batches_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"^Learner.scan_updates=True runs an iteration's presampled mini-batches as "
+                                         r"one compiled call: set Trainer.presample_mini_batches=True too$"):
+        run_trainer_from_text(tmp_path, DQN_CHAIN, ["Learner.compile_mode = 'default'",
+                                                    "Learner.compile_backend = 'aot_eager'",
+                                                    "Learner.scan_updates = True"])

@@ -78,6 +78,9 @@ class RecordingLearner:
         self.batches.append((batch.reward.shape, info))
         return LossInfo(loss=torch.zeros(()), priority=torch.full((batch.reward.shape[1],), float(len(self.batches))))
 
+    def update_scanned(self, batch, info, num_updates):
+        return None  # (Learner.scan_updates off: one update per mini-batch)
+
 
 def test_the_training_step_updates_per_block_and_writes_the_priorities_once_in_update_order():
     buf, sampler = make(2, 32, 20, sequence_length=2, generator=torch.Generator().manual_seed(1))
