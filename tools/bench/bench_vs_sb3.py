@@ -63,8 +63,10 @@ PYTHON = {"alfish": sys.executable, "sb3": sys.executable, "sbx": None}
 #: Extra gin bindings for alfish's runs (``--alfish_param``), e.g. a compile mode to measure.
 ALFISH_PARAMS: list[str] = []
 #: ``--compiled``: an "alfish_compiled" column, alfish with the whole update compiled (``Learner.compile_scope``'s CPU
-#: default) and, where an iteration runs many updates from a replay buffer, its mini-batches presampled.
+#: default) and, where an iteration runs many updates from a replay buffer, its mini-batches presampled and its
+#: updates run as one compiled scan (``Learner.scan_updates``).
 COMPILED_PARAMS = ["Learner.compile_mode='default'"]
+PRESAMPLED_PARAMS = ["Trainer.presample_mini_batches=True", "Learner.scan_updates=True"]
 PRESAMPLED = ("dqn", "dqn_noper", "dqn_plain")
 #: A2C builds its loss while unrolling (on-policy with gradients): nothing to compile (the Learner refuses it).
 NOT_COMPILED = ("a2c",)
@@ -76,7 +78,7 @@ def run(framework: str, algo: str, steps: int, setting: str = "identical", eval_
     params = list(ALFISH_PARAMS)
     if framework == "alfish_compiled":
         framework = "alfish"
-        params += COMPILED_PARAMS + (["Trainer.presample_mini_batches=True"] if algo in PRESAMPLED else [])
+        params += COMPILED_PARAMS + (PRESAMPLED_PARAMS if algo in PRESAMPLED else [])
     cmd = [PYTHON[framework], os.path.join(HERE, "run_one.py"), "--framework", framework, "--algo", algo,
            "--steps", str(steps), "--setting", setting, "--eval_every", str(eval_every), "--threads", str(threads)]
     if framework == "alfish":
@@ -205,7 +207,8 @@ def main() -> None:
     parser.add_argument("--sbx_python", default=os.environ.get("ALFISH_SBX_PYTHON"),
                         help="the python of SBX's own virtual environment (default: $ALFISH_SBX_PYTHON)")
     parser.add_argument("--compiled", action="store_true",
-                        help="also time alfish with the whole update compiled (and DQN's mini-batches presampled), "
+                        help="also time alfish with the whole update compiled (and DQN's mini-batches presampled, "
+                             "its 128 updates one scan), "
                              "compile time left out as SBX's JIT warm-up is")
     parser.add_argument("--alfish_param", action="append", default=[],
                         help="an extra gin binding for alfish's runs (repeatable), e.g. "
