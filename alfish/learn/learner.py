@@ -433,10 +433,12 @@ class Learner:
 
     # ---------------------------------------------------------------------------------------------- summaries ----
     def compile_stats(self) -> dict[str, Any] | None:
-        """How the compiled updates went (``CompiledLoss.stats``: still compiled, graphs, recompile limit hit);
-        ``None`` for eager updates."""
+        """How the compiled updates went (``CompiledLoss.stats``: still compiled, graphs, recompile limit hit; with
+        ``scan_updates``, ``scans``: iterations whose updates ran as one scan); ``None`` for eager updates."""
         compiled = self._whole if self._whole is not None else self._compiled
-        return None if compiled is None else compiled.stats()
+        if compiled is None:
+            return None
+        return compiled.stats() if self._scan is None else dict(compiled.stats(), scans=self._scan.scans)
 
     @property
     def last_loss(self) -> LossInfo | None:
