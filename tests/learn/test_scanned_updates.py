@@ -39,9 +39,10 @@ def learner(algorithm, scan: bool) -> Learner:
                    scan_updates=scan)
 
 
-def sample(seed: int, nan_at: int | None = None) -> tuple[Experience, BatchInfo]:
+def sample(seed: int, nan_at: int | None = None, weighted: bool = True) -> tuple[Experience, BatchInfo]:
     """K mini-batches of B sequences drawn at once: ``[L, K * B]`` (the layout of ``sample_batch(num_batches=K)``),
-    importance weights ``[K * B]``; ``nan_at``: a NaN reward in that mini-batch."""
+    importance weights ``[K * B]`` (``weighted``: else None, uniform replay); ``nan_at``: a NaN reward in that
+    mini-batch."""
     g = torch.Generator().manual_seed(seed)
     reward = torch.randn(L, K * B, generator=g)
     if nan_at is not None:
@@ -51,7 +52,7 @@ def sample(seed: int, nan_at: int | None = None) -> tuple[Experience, BatchInfo]
                        action=torch.randint(0, 2, (L, K * B), generator=g),
                        env_id=torch.zeros(L, K * B, dtype=torch.int64))
     return batch, BatchInfo(env_ids=torch.zeros(K * B, dtype=torch.int64), positions=torch.arange(K * B),
-                            importance_weights=torch.rand(K * B, generator=g) + 0.5)
+                            importance_weights=torch.rand(K * B, generator=g) + 0.5 if weighted else None)
 
 
 def one_by_one(single: Learner, batch: Experience, info: BatchInfo) -> torch.Tensor:
@@ -74,11 +75,12 @@ def assert_same_state(a: Learner, b: Learner) -> None:
     assert a.num_updates == b.num_updates and a.algorithm.updates_done == b.algorithm.updates_done
 
 
-def test_scanned_updates_are_the_updates_one_by_one():
+@pytest.mark.parametrize("weighted", [True, False], ids=["prioritized", "uniform"])
+def test_scanned_updates_are_the_updates_one_by_one(weighted):
     single, scanned = learner(dqn(), scan=False), learner(dqn(), scan=True)
     graphs = []
     for iteration in range(3):  # the target network is copied after each iteration's 4th update (period 4)
-        batch, info = sample(seed=iteration)
+        batch, info = sample(seed=iteration, weighted=weighted)
         priorities = one_by_one(single, batch, info)
         graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
         out = scanned.update_scanned(batch, info, K)
