@@ -126,9 +126,10 @@ class ScannedUpdates:
             return True
         if not self._warned_unscannable:
             self._warned_unscannable = True
-            logging.warning("Learner.scan_updates=True: %s's losses read values that change within this iteration's "
-                            "%d updates (e.g. a target network updated every few updates), so they run one by one",
-                            type(algorithm).__name__, num_updates)
+            logging.warning("Learner.scan_updates=True: an iteration's %d updates span a change of what %s's losses "
+                            "read (e.g. a target network update); such iterations update one by one (a "
+                            "target_update_period that is a multiple of the updates per iteration avoids them)",
+                            num_updates, type(algorithm).__name__)
         return False
 
     def __call__(self, batch: Experience, weights: Optional[torch.Tensor], num_updates: int,

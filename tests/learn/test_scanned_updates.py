@@ -113,8 +113,9 @@ def test_an_iteration_whose_target_changes_inside_it_updates_one_by_one(caplog):
         assert scanned.update_scanned(batch, info, K) is None
         assert scanned.update_scanned(batch, info, K) is None
     assert [r.getMessage() for r in caplog.records] == [
-        "Learner.scan_updates=True: DqnAlgorithm's losses read values that change within this iteration's 4 updates "
-        "(e.g. a target network updated every few updates), so they run one by one"]  # once
+        "Learner.scan_updates=True: an iteration's 4 updates span a change of what DqnAlgorithm's losses read (e.g. "
+        "a target network update); such iterations update one by one (a target_update_period that is a multiple of "
+        "the updates per iteration avoids them)"]  # once
     assert scanned.num_updates == 0 and scanned._scan.scans == 0
 
 
