@@ -270,8 +270,7 @@ class Learner:
         if reason is not None:
             raise OneLineValueError(f"Learner.scan_updates=True: {reason}")
         self._whole.ensure_state()
-        return ScannedUpdates(self.loss_module, self.optimizer, self.optimizer_config, self.compile_mode,
-                              backend or "inductor")
+        return ScannedUpdates(self._whole, backend or "inductor")
 
     def update_scanned(self, batch: Experience, batch_info: BatchInfo | None, num_updates: int) -> LossInfo | None:
         """``num_updates`` updates on the consecutive mini-batches of ``batch`` ``[L, num_updates * B]`` (as

@@ -27,18 +27,16 @@ If compiling fails, one warning, and the Learner updates one by one from then on
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import torch
-from torch import nn
 from torch._higher_order_ops.scan import scan
 
 from alfish.algorithms.base import Algorithm
 from alfish.data import nest
 from alfish.data.types import Experience, LossInfo
 from alfish.learn.compiled import compile_checked, loss_terms, one_line, random_state, set_random_state
-from alfish.learn.optim import OptimizerConfig
-from alfish.learn.whole_update import clip_gradients, weighted_mean
+from alfish.learn.whole_update import WholeUpdate, adam_values, clip_gradients, weighted_mean
 
 
 class ScanOutputs(NamedTuple):
@@ -64,58 +62,26 @@ def scan_refusal(whole_update: bool, algorithm: Algorithm) -> Optional[str]:
     return None
 
 
-def adam_values(param: torch.Tensor, grad: torch.Tensor, moments: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                lr: torch.Tensor, group: dict[str, Any], decoupled: bool,
-                apply: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``whole_update.adam_step`` as values: from ``moments`` ``(exp_avg, exp_avg_sq, step)``, the new ``(param,
-    exp_avg, exp_avg_sq, step)``, each its old value where ``apply`` (0-d bool) is False."""
-    exp_avg, exp_avg_sq, step = moments
-    beta1, beta2 = group["betas"]
-    eps, weight_decay = group["eps"], group["weight_decay"]
-    new_step = step + 1
-    value = param
-    if weight_decay != 0:
-        if decoupled:
-            value = value * (1 - lr * weight_decay)
-        else:
-            grad = grad + weight_decay * param
-    new_avg = torch.lerp(exp_avg, grad, 1 - beta1)
-    new_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
-    denom = new_sq.sqrt() / (1 - beta2 ** new_step).sqrt() + eps
-    value = value - (lr / (1 - beta1 ** new_step)) * new_avg / denom
-    return tuple(torch.where(apply, new, old) for new, old in ((value, param), (new_avg, exp_avg),
-                                                               (new_sq, exp_avg_sq), (new_step, step)))
-
-
 class ScannedUpdates:
     """``torch.compile`` of K whole updates in one scan (module docstring), with the fallback: if compiling fails,
     one warning, and ``__call__`` returns None from then on.
 
     Args:
-        loss_module: the algorithm (its forward: the ``LossInfo`` of a batch).
-        optimizer: the Learner's Adam or AdamW (``whole_update.unsupported_reason`` is None for it), every parameter
-            with its state (``WholeUpdate.ensure_state`` makes it).
-        optimizer_config: the clipping settings.
-        mode, backend: the ``torch.compile`` mode and backend.
+        whole: the Learner's compiled whole update, whose parameters, optimizer groups, clipping settings and
+            learning-rate tensors the scan shares (each parameter with its Adam state: ``whole.ensure_state``).
+        backend: the ``torch.compile`` backend (the mode is the whole update's).
 
     Attributes:
         scans: scans run compiled.
     """
 
-    def __init__(self, loss_module: nn.Module, optimizer: torch.optim.Optimizer, optimizer_config: OptimizerConfig,
-                 mode: str, backend: str | Callable = "inductor"):
-        self.loss_module, self.optimizer, self.config, self.mode = loss_module, optimizer, optimizer_config, mode
-        self.decoupled = isinstance(optimizer, torch.optim.AdamW) or any(
-            g.get("decoupled_weight_decay") for g in optimizer.param_groups)
-        self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        names = {id(p): name for name, p in loss_module.named_parameters()}
-        self.names = [names[id(p)] for p in self.params]  # functional_call's keys, in the optimizer's order
-        self._group_of = [i for i, g in enumerate(optimizer.param_groups) for _ in g["params"]]
-        device = self.params[0].device
-        self._lrs = [torch.zeros((), device=device) for _ in optimizer.param_groups]
+    def __init__(self, whole: WholeUpdate, backend: str | Callable = "inductor"):
+        self.whole, self.loss_module, self.optimizer = whole, whole.loss_module, whole.optimizer
+        names = {id(p): name for name, p in self.loss_module.named_parameters()}
+        self.names = [names[id(p)] for p in whole.params]  # functional_call's keys, in the optimizer's order
         self.scans = 0
         self._warned_unscannable = False
-        self.compiled: Optional[Callable] = compile_checked(self._scan, mode, backend)
+        self.compiled: Optional[Callable] = compile_checked(self._scan, whole.mode, backend)
 
     def ready(self, algorithm: Algorithm, num_updates: int) -> bool:
         """Whether the coming ``num_updates`` updates can run as one scan: not fallen back, and the algorithm's
@@ -140,23 +106,24 @@ class ScannedUpdates:
         if self.compiled is None:
             return None
         batches = nest.map_nest(lambda x: x.unflatten(1, (num_updates, -1)).movedim(1, 0), batch)  # [K, L, B, ...]
+        params, device = self.whole.params, self.whole.params[0].device
         if weights is not None:
-            weights = weights.to(self.params[0].device, non_blocking=True).view(num_updates, -1)
-        for lr, group in zip(self._lrs, self.optimizer.param_groups):
+            weights = weights.to(device, non_blocking=True).view(num_updates, -1)
+        for lr, group in zip(self.whole.lrs, self.optimizer.param_groups):
             lr.fill_(group["lr"])
-        carry = ([p.detach() for p in self.params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
-                 [s["step"] for s in states], torch.ones((), dtype=torch.bool, device=self.params[0].device))
-        before = random_state(self.params[0].device) if self.scans == 0 else None
+        carry = ([p.detach() for p in params], [s["exp_avg"] for s in states], [s["exp_avg_sq"] for s in states],
+                 [s["step"] for s in states], torch.ones((), dtype=torch.bool, device=device))
+        before = random_state(device) if self.scans == 0 else None
         try:
             with torch._dynamo.config.patch(capture_scalar_outputs=True):
-                (params, avgs, sqs, steps, _), stacked = self.compiled(carry, batches, weights)
+                (new_params, avgs, sqs, steps, _), stacked = self.compiled(carry, batches, weights)
         except Exception as err:  # noqa: BLE001  (any compiler failure: update one by one instead)
             if before is not None:
-                set_random_state(before, self.params[0].device)
+                set_random_state(before, device)
             self.fall_back(one_line(err))
             return None
         with torch.no_grad():
-            for p, s, new in zip(self.params, states, zip(params, avgs, sqs, steps)):
+            for p, s, new in zip(params, states, zip(new_params, avgs, sqs, steps)):
                 for target, value in zip((p, s["exp_avg"], s["exp_avg_sq"], s["step"]), new):
                     target.copy_(value)
         self.scans += 1
@@ -180,9 +147,10 @@ class ScannedUpdates:
 
         grads, (loss, loss_info) = torch.func.grad(loss_of, has_aux=True)(params)
         apply = ok & torch.isfinite(loss)
-        clipped, grad_norm = clip_gradients(list(grads), self.config)
-        new = [adam_values(p, g, (m, v, s), self._lrs[self._group_of[i]],
-                           self.optimizer.param_groups[self._group_of[i]], self.decoupled, apply)
+        whole = self.whole
+        clipped, grad_norm = clip_gradients(list(grads), whole.config)
+        new = [adam_values(p, g, (m, v, s), whole.lrs[whole.group_of[i]],
+                           self.optimizer.param_groups[whole.group_of[i]], whole.decoupled, apply)
                for i, (p, g, m, v, s) in enumerate(zip(params, clipped, avgs, sqs, steps))]
         carry = tuple(list(values) for values in zip(*new)) + (apply,)
         # A scan's outputs are tensors in plain containers (no NamedTuple, no None): a dict of what is there. None

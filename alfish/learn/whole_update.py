@@ -96,28 +96,38 @@ def clip_gradients(grads: list[torch.Tensor], config: OptimizerConfig) -> tuple[
     return [g * scale for g in grads], total
 
 
-def adam_step(param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], lr: torch.Tensor,
-              group: dict[str, Any], decoupled: bool, finite: torch.Tensor) -> None:
-    """One Adam (AdamW when ``decoupled``) step of ``param`` in place, in the order of operations of torch's fused
-    kernel; every write kept to its old value when ``finite`` (a 0-d bool) is False."""
+def adam_values(param: torch.Tensor, grad: torch.Tensor, moments: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                lr: torch.Tensor, group: dict[str, Any], decoupled: bool,
+                apply: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One Adam (AdamW when ``decoupled``) step as values, in the order of operations of torch's fused kernel: from
+    ``moments`` ``(exp_avg, exp_avg_sq, step)``, the new ``(param, exp_avg, exp_avg_sq, step)``, each its old value
+    where ``apply`` (0-d bool) is False."""
+    exp_avg, exp_avg_sq, step = moments
     beta1, beta2 = group["betas"]
     eps, weight_decay = group["eps"], group["weight_decay"]
-    step = state["step"] + 1
+    new_step = step + 1
     value = param
     if weight_decay != 0:
         if decoupled:
             value = value * (1 - lr * weight_decay)
         else:
             grad = grad + weight_decay * param
-    exp_avg = torch.lerp(state["exp_avg"], grad, 1 - beta1)
-    exp_avg_sq = state["exp_avg_sq"] * beta2 + (1 - beta2) * grad * grad
-    bias_correction1 = 1 - beta1 ** step
-    bias_correction2_sqrt = (1 - beta2 ** step).sqrt()
-    denom = exp_avg_sq.sqrt() / bias_correction2_sqrt + eps
-    value = value - (lr / bias_correction1) * exp_avg / denom
-    for target, new in ((param, value), (state["exp_avg"], exp_avg), (state["exp_avg_sq"], exp_avg_sq),
-                        (state["step"], step)):
-        target.copy_(torch.where(finite, new, target))
+    new_avg = torch.lerp(exp_avg, grad, 1 - beta1)
+    new_sq = exp_avg_sq * beta2 + (1 - beta2) * grad * grad
+    denom = new_sq.sqrt() / (1 - beta2 ** new_step).sqrt() + eps
+    value = value - (lr / (1 - beta1 ** new_step)) * new_avg / denom
+    return tuple(torch.where(apply, new, old) for new, old in ((value, param), (new_avg, exp_avg),
+                                                               (new_sq, exp_avg_sq), (new_step, step)))
+
+
+def adam_step(param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor], lr: torch.Tensor,
+              group: dict[str, Any], decoupled: bool, finite: torch.Tensor) -> None:
+    """``adam_values`` written in place into ``param`` and its ``state``; nothing changes when ``finite`` (a 0-d
+    bool) is False."""
+    keys = ("exp_avg", "exp_avg_sq", "step")
+    new = adam_values(param, grad, tuple(state[k] for k in keys), lr, group, decoupled, finite)
+    for target, value in zip((param, *(state[k] for k in keys)), new):
+        target.copy_(value)
 
 
 class WholeUpdate:
@@ -141,9 +151,9 @@ class WholeUpdate:
         self.decoupled = isinstance(optimizer, torch.optim.AdamW) or any(
             g.get("decoupled_weight_decay") for g in optimizer.param_groups)
         self.params = [p for g in optimizer.param_groups for p in g["params"]]
-        self._group_of = [i for i, g in enumerate(optimizer.param_groups) for _ in g["params"]]
+        self.group_of = [i for i, g in enumerate(optimizer.param_groups) for _ in g["params"]]
         device = self.params[0].device
-        self._lrs = [torch.zeros((), device=device) for _ in optimizer.param_groups]
+        self.lrs = [torch.zeros((), device=device) for _ in optimizer.param_groups]
         self.compiled_updates = 0
         self._graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         self._limit_hits_before = recompile_limit_hits()
@@ -173,7 +183,7 @@ class WholeUpdate:
         if self.compiled is None:
             return None
         states = self.ensure_state()
-        for lr, group in zip(self._lrs, self.optimizer.param_groups):
+        for lr, group in zip(self.lrs, self.optimizer.param_groups):
             lr.fill_(group["lr"])
         # The first updates compile: a failure there leaves the update to be done without it, from the random-number
         # state of its start (so it is the update an eager Learner makes).
@@ -201,8 +211,8 @@ class WholeUpdate:
         with torch.no_grad():
             clipped, grad_norm = clip_gradients([grads[i] for i in reached], self.config)
             for i, grad in zip(reached, clipped):
-                group_index = self._group_of[i]
-                adam_step(self.params[i], grad, states[i], self._lrs[group_index],
+                group_index = self.group_of[i]
+                adam_step(self.params[i], grad, states[i], self.lrs[group_index],
                           self.optimizer.param_groups[group_index], self.decoupled, finite)
         detached = nest.map_nest(lambda x: x.detach() if isinstance(x, torch.Tensor) else x, loss_info)
         return detached, loss.detach(), grad_norm
