@@ -38,10 +38,17 @@ TrainerConfig.num_checkpoints = 0
 
 
 def run_trainer(conf_file: str | os.PathLike, root_dir: str | os.PathLike, params: Sequence[str] = ()) -> int:
-    """``python -m alfish.bin.train`` minus the process: load the conf (+ bindings), build the Trainer, run it."""
+    """``python -m alfish.bin.train`` minus the process: load the conf (+ bindings), build the Trainer, run it.
+
+    Evaluation runs in this process (``TrainerConfig.async_eval = False``) unless the conf or ``params`` say
+    otherwise: a learning test reads the same returns either way (tests/evaluate/test_async_eval.py checks that
+    asynchronous and synchronous evaluations of the same parameters and seed are identical, and tests the child
+    itself), and the child's start (a fresh interpreter importing torch, 2-4 s of CPU) is most of a short test's cost.
+    """
     from alfish.trainer.build import build_trainer
 
-    load_conf(str(conf_file), list(params))
+    chosen = "async_eval" in pathlib.Path(conf_file).read_text() or any("async_eval" in p for p in params)
+    load_conf(str(conf_file), ([] if chosen else ["TrainerConfig.async_eval = False"]) + list(params))
     try:
         config = TrainerConfig(root_dir=str(root_dir))
         return build_trainer(config).run()
