@@ -80,8 +80,10 @@ def test_ppo_reaches_the_optimum_of_chain(tmp_path):
     assert max(returns) <= 0.7 + 1e-6
 
 
+# Four processes run in the slow tier: several unroll processes feeding one learner are tested in the default run by
+# tests/integration/test_async_training.py and tests/collect/test_unroll_processes.py.
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("processes", [1, 4])
+@pytest.mark.parametrize("processes", [1, pytest.param(4, marks=pytest.mark.slow)])
 def test_ppo_with_vtrace_reaches_the_optimum_of_chain_from_an_asynchronous_unroll(tmp_path, processes):
     # The envs step in child processes (one, or four of one env each) with parameters published after every
     # iteration; the queues (16 batched steps each) bound how old the acting parameters can be; V-trace corrects the

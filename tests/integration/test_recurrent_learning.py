@@ -236,11 +236,14 @@ TrainerConfig.num_checkpoints = 0
 # Measured here (first evaluation >= 0.9, of 300 iterations, one every 30; ~4 s a run): GRU with the stored state,
 # seeds 0-3: iterations 150, 210, 150, 240; zero state + burn-in 2, seeds 0-2: 210, 210, 180; LSTM with prioritized
 # replay, seeds 0-2: 210, 240, 150. Each ended at 0.97-0.99.
+# The default run trains SAC with the stored state; the burn-in and LSTM + prioritized variants run in the slow tier
+# (`python -m pytest -m slow tests`): the recurrent DQN test above runs the same two variants in the default run.
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("params", [
     [],
-    ["TrainerConfig.use_rollout_state = False", "SacAlgorithm.burn_in = 2", "TrainerConfig.mini_batch_length = 10"],
-    ["EncodingNetwork.rnn = 'lstm'", "TrainerConfig.priority_replay = True"],
+    pytest.param(["TrainerConfig.use_rollout_state = False", "SacAlgorithm.burn_in = 2",
+                  "TrainerConfig.mini_batch_length = 10"], marks=pytest.mark.slow),
+    pytest.param(["EncodingNetwork.rnn = 'lstm'", "TrainerConfig.priority_replay = True"], marks=pytest.mark.slow),
 ], ids=["gru_stored_state", "zero_state_burn_in", "lstm_prioritized"])
 def test_recurrent_sac_remembers_the_cue(tmp_path, params):
     returns = [r["average_return"] for r in eval_log(run_trainer_from_text(tmp_path, RECURRENT_SAC_MEMORY_CUE, params))]

@@ -193,8 +193,10 @@ def newest_checkpoint(root: Path) -> int:
     return steps[-1] if steps else 0
 
 
+# Two ranks run in the slow tier: the script's choice of torchrun is checked in the default run (the dry runs
+# above), and torchrun with two ranks trains in tests/trainer/test_torchrun_confs.py.
 @pytest.mark.cli
-@pytest.mark.parametrize("nproc", [1, 2])
+@pytest.mark.parametrize("nproc", [1, pytest.param(2, marks=pytest.mark.slow)])
 def test_single_node_trains_and_leaves_checkpoints(tmp_path, nproc):
     root = tmp_path / "root"
     proc = run(["bash", SINGLE, CONF, root, str(nproc), "--", *SHORT], script_env(), timeout=150)

@@ -82,7 +82,8 @@ def check_ok(proc):
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
 
 
-@pytest.mark.parametrize("algo", ["dqn", "ddpg"])
+# DDPG (two optimizer groups) runs in the slow tier: the same DDP wrapper and gradient averaging as DQN's.
+@pytest.mark.parametrize("algo", ["dqn", pytest.param("ddpg", marks=pytest.mark.slow)])
 def test_one_ddp_update_gives_the_gradients_of_one_process_on_the_concatenated_batch(tmp_path, algo):
     check_ok(torchrun(WORKER, "grads", str(tmp_path), algo))
     algorithm, batch = build_algorithm_and_batch(algo)
