@@ -60,9 +60,45 @@ class Checkpoint:
         os.replace(self.root / "sb3_state.tmp", self.state_path)
 
 
-def build(job: Sb3Job, checkpoint: Checkpoint):
+#: ``--update_order``: SB3's own (on a step where the delayed actor trains, the critics step first and the actor's loss
+#: reads the updated critic), or alfish's ``combined`` (the actor's loss reads the critic before that step: alfish
+#: takes one optimizer step for both, DESIGN.md §3.2). An experiment on the one algorithmic difference found between
+#: the two TD3s: SB3 with alfish's order beside SB3 with its own says what the order is worth.
+UPDATE_ORDERS = ("sb3", "combined")
+
+
+def use_combined_update_order(model) -> None:
+    """Make an SB3 TD3 or DDPG ``model`` train in alfish's order: on an update where the actor trains, the critics'
+    optimizer step is held back until after the actor's, so the actor's loss is computed on the critic before this
+    update's step (everything else, batches and random draws included, is SB3's). The critics' gradients are kept
+    aside meanwhile: the actor's backward pass adds its own to the critic parameters (SB3 zeroes them at the next
+    update), and the held-back step must apply the critic loss's alone. Installed on the optimizer instances: call it
+    again after loading a saved model."""
+    critic_opt, actor_opt = model.critic.optimizer, model.actor.optimizer
+    critic_step, actor_step = critic_opt.step, actor_opt.step
+    held: list = []  # the critics' gradients of a held-back step (one at most)
+
+    def deferred_critic_step(*args, **kwargs):
+        if model._n_updates % model.policy_delay != 0:  # the actor does not train on this update (SB3's test)
+            return critic_step(*args, **kwargs)
+        held.append([None if p.grad is None else p.grad.clone() for p in model.critic.parameters()])
+        return None
+
+    def actor_step_then_critic_step(*args, **kwargs):
+        result = actor_step(*args, **kwargs)
+        if held:
+            for p, grad in zip(model.critic.parameters(), held.pop()):
+                p.grad = grad
+            critic_step()
+        return result
+
+    critic_opt.step, actor_opt.step = deferred_critic_step, actor_step_then_critic_step
+
+
+def build(job: Sb3Job, checkpoint: Checkpoint, update_order: str = "sb3"):
     """SB3's model of ``job`` (restored from ``checkpoint`` when it has one), its training env, and a function that
-    evaluates the model deterministically."""
+    evaluates the model deterministically. ``update_order``: one of ``UPDATE_ORDERS`` (``combined``: TD3/DDPG
+    only)."""
     import numpy as np
     import stable_baselines3
     import torch
@@ -92,6 +128,8 @@ def build(job: Sb3Job, checkpoint: Checkpoint):
             model.load_replay_buffer(checkpoint.root / "sb3_replay.pkl")
     else:
         model = cls("MlpPolicy", env, seed=job.seed, verbose=0, device="cpu", **kwargs)
+    if update_order == "combined":
+        use_combined_update_order(model)
 
     def evaluate() -> dict:
         """The evaluation's ``average_return`` and ``average_episode_length`` (the fields of alfish's eval log)."""
@@ -112,16 +150,16 @@ def _kept_records(log_path: pathlib.Path, up_to_steps: int) -> list[str]:
     return [line for line in lines if json.loads(line)["env_steps"] <= up_to_steps]
 
 
-def train(job: Sb3Job, root: pathlib.Path, checkpoint_every: int) -> dict:
+def train(job: Sb3Job, root: pathlib.Path, checkpoint_every: int, update_order: str = "sb3") -> dict:
     """Train ``job`` to its budget (resuming from ``root``'s checkpoint if any), evaluating on the way and saving a
-    checkpoint every ``checkpoint_every`` env steps (0: never); the run's summary."""
+    checkpoint every ``checkpoint_every`` env steps (0: never); the run's summary. ``update_order``: ``build``'s."""
     from stable_baselines3.common.callbacks import BaseCallback
 
     root.mkdir(parents=True, exist_ok=True)
     checkpoint = Checkpoint(root)
     state = checkpoint.state() or dict(num_timesteps=0, elapsed_s=0.0, evaluations=0)
     clock_zero = time.monotonic() - state["elapsed_s"]  # the run's clock continues from the checkpoint's
-    model, env, evaluate = build(job, checkpoint)
+    model, env, evaluate = build(job, checkpoint, update_order)
     # SB3's own training statistics (train/clip_fraction, approx_kl, the losses, ...: its logger's means over each
     # training phase) in a CSV per start, to set beside alfish's TensorBoard (whose loss/ scalars are those of the
     # last update of an iteration)
@@ -179,11 +217,18 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads (alfish's suite runs use 1)")
     parser.add_argument("--checkpoint_every", type=int, default=25_000,
                         help="env steps between resume checkpoints in ROOT_DIR (0: none); a rerun resumes")
+    parser.add_argument("--update_order", choices=UPDATE_ORDERS, default="sb3",
+                        help="TD3/DDPG: 'combined' computes the actor's loss on the critic before that update's "
+                             "critic step, as alfish does (an experiment; see use_combined_update_order)")
     args = parser.parse_args(argv)
     try:
         job = translate(pathlib.Path(args.conf), args.conf_param)
     except TranslateError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.update_order != "sb3" and job.algo not in ("TD3", "DDPG"):
+        print(f"error: --update_order {args.update_order} applies to TD3 and DDPG, not to {job.algo}; drop it",
+              file=sys.stderr)
         return 2
     try:
         import stable_baselines3  # noqa: F401
@@ -194,7 +239,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    summary = train(job, pathlib.Path(args.root_dir), args.checkpoint_every)
+    summary = train(job, pathlib.Path(args.root_dir), args.checkpoint_every, args.update_order)
     print("RESULT " + json.dumps(summary), flush=True)
     return 0
 
