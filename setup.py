@@ -41,7 +41,7 @@ setup(
         # offline data: Minari datasets (minari 0.5 imports pillow without declaring it) and D4RL HDF5 files
         "offline": ["minari[hdf5]>=0.5.4,<0.6", "h5py>=3.8", "pillow>=9"],
         "export": ["onnx>=1.23", "onnxscript>=0.7", "onnxruntime>=1.32"],  # alfish.bin.export --format onnx, its check
-        "bench": ["stable-baselines3>=2.3"],  # d3rlpy pins gymnasium 1.0 and old gym: its own venv (tools/bench)
+        # (no "bench" extra: the comparison peers are never alfish installs; tools/bench/requirements-peers.txt)
         "plot": ["matplotlib>=3.7"],  # python -m alfish.tools.plot
         "search": ["optuna>=3.6"],  # python -m alfish.tools.search (PED-ANOVA importance: optuna >= 3.6)
         "wandb": ["wandb>=0.19.10"], "mlflow": ["mlflow-skinny>=2.10"],  # Trainer.trackers (the MLflow client only)

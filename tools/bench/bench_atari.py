@@ -4,7 +4,7 @@ close alfish's conv updates get to this machine's floor.
     python tools/bench/bench_atari.py [--algos dqn ppo] [--repeats 3] [--dqn_steps 3000] [--ppo_steps 3072]
                                       [--floor_only] [--learn_steps 0]
 
-Needs ``pip install alfish[atari] alfish[bench]``.
+Needs ``pip install alfish[atari]`` and the peer: ``pip install -r tools/bench/requirements-peers.txt``.
 
 Throughput: each framework trains ``--*_steps`` agent steps of ``ALE/Pong-v5`` (4 frames each) in a fresh process,
 alternating alfish / SB3 ``--repeats`` times; the medians of agent steps/s and their ratio are printed.

@@ -36,7 +36,7 @@ each >= 3x SB3 on the same GPU; AMP >= 1.5x fp32 updates/s on the 3x1024 SAC upd
 ``--json PATH`` also writes every figure (runs, medians, skips and errors, the machine, the reference figures) to PATH,
 rewritten after each table, so a run stopped part-way leaves the tables it finished (``alfish.tools.gpu_check`` reads
 it).
-Needs ``pip install -e ".[bench,mujoco]"`` (SB3 and MuJoCo).
+Needs ``pip install -e ".[mujoco]" -r tools/bench/requirements-peers.txt`` (MuJoCo and SB3).
 """
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def sb3_version() -> str:
     try:
         import stable_baselines3
     except ImportError:
-        return "not installed (pip install -e '.[bench]')"
+        return "not installed (pip install -r tools/bench/requirements-peers.txt)"
     return stable_baselines3.__version__
 
 
