@@ -175,7 +175,8 @@ def _td3(values: dict, common: dict) -> tuple[dict, set]:
                                      n_critics=int(values["num_critics"])))
     return kwargs, {"hidden_sizes", "actor_hidden_sizes", "critic_hidden_sizes", "actor_lr", "critic_lr", "gamma",
                     "target_update_tau", "target_update_period", "exploration_noise", "num_critics",
-                    "target_policy_noise", "target_noise_clip", "policy_delay", "activation"}
+                    "target_policy_noise", "target_noise_clip", "policy_delay", "activation",
+                    "update_order"}  # (SB3 runs its own, critic-first order; sb3_peer.py --update_order emulates joint)
 
 
 def _grad_norm(value: Optional[float]) -> float:

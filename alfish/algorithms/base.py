@@ -151,6 +151,11 @@ class Algorithm(nn.Module):
         ``scan_updates=True`` is refused for it)."""
         return 0
 
+    def replay_refusal(self, prioritized: bool, offline: bool) -> Optional[str]:
+        """Why this algorithm (as configured) cannot train from prioritized replay or with offline data mixed in, as
+        one line saying what to change; None (the default): it can. Checked at build."""
+        return None
+
     def after_train_iter(self) -> None:
         """Called once per training iteration."""
 

@@ -12,6 +12,19 @@ One total loss, one backward (DESIGN.md §3.2): the critic term sees the TD targ
 actor term reads the critic through detached weights. Actions live in the unit box [-1, 1] inside the networks
 (actor output tanh) and in [low, high] in the env; noise scales are in unit-box units.
 
+The update order (``update_order``). ``'joint'`` (default): one total loss and one optimizer step per update, so
+on an update that trains the actor, its loss reads the critic as it was before that update's critic step.
+``'critic_first'``: the actor's loss reads the critic *after* that step, as Stable-Baselines3 and the TD3 authors'
+code do (critic step, then actor step on the same batch). Still one loss and one step per update: the actor's term
+is deferred by one update. On an update where the actor is due, only the critic term is built and the batch's
+observations (and validity mask) are kept; the next update adds the actor's term on those observations, read
+through that update's critic before its step, which is the critic after the previous step: the actor's gradient is
+the reference order's, one update later. The target networks move after the update that trained the actor, so they
+(and the exploring actor) lag the reference by one update (at tau = 0.005, a 0.5% difference in the targets' step).
+The kept observations are buffers (``deferred_observations``, ``deferred_valid``): a checkpoint resumes exactly.
+Not with prioritized replay or offline data (the deferred rows would be weighted by, or mixed into, another
+batch's rows; refused at build), nor a ``Dict`` observation space.
+
 Policy delay and Adam. On a step where the actor is not due, the actor term is not built at all (a constant 0 with
 no graph), so the actor's parameters get no gradient (``grad is None`` after the trainer's
 ``zero_grad(set_to_none=True)``) and torch's Adam skips them entirely: no step, no moment decay, no step-count
@@ -45,6 +58,7 @@ class DdpgTrainInfo(NamedTuple):
     actor_loss: torch.Tensor   # [N]; zeros (no graph) on steps where the delayed actor is not due
     q: torch.Tensor            # [N], mean over the critics of Q(s, a) of the stored action (detached)
     td_target: torch.Tensor    # [N], r + gamma * discount * min_i Q_target_i(s', a'), no gradient
+    actor_valid: Optional[torch.Tensor] = None  # [N], the actor term's own mask (critic_first: the kept batch's)
 
 
 @gin.configurable
@@ -72,6 +86,9 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             by tanh here); ``None``: an MLP of ``hidden_sizes`` (through ``EncodingNetwork`` for images and dicts).
         critic_network_ctor: ``ctor(observation_space, action_dim)`` -> one critic (``(obs, action) -> [N, 1]``); the
             ``num_critics`` members are one ``VmapEnsemble``. ``None``: MLP critics of ``hidden_sizes``.
+        update_order: ``'joint'`` (one step for actor and critics: the actor's loss reads the critic before the
+            step) or ``'critic_first'`` (the actor's loss reads the critic after its step, as SB3 and the TD3
+            authors' code; see the module docstring).
     """
 
     rollout_module_names = ("actor",)  # async unroll ships only these to its child
@@ -89,8 +106,15 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  actor_network_ctor: Optional[Callable[..., nn.Module]] = None,
                  critic_network_ctor: Optional[Callable[..., nn.Module]] = None,
                  actor_hidden_sizes: Optional[Sequence[int]] = None,
-                 critic_hidden_sizes: Optional[Sequence[int]] = None, activation: str = "relu"):
+                 critic_hidden_sizes: Optional[Sequence[int]] = None, activation: str = "relu",
+                 update_order: str = "joint"):
         super().__init__(observation_space, action_space)
+        if update_order not in UPDATE_ORDERS:
+            raise ValueError(f"{type(self).__name__}.update_order={update_order!r}: use one of {UPDATE_ORDERS}")
+        if update_order == "critic_first" and isinstance(observation_space, gym.spaces.Dict):
+            raise ValueError(f"{type(self).__name__}.update_order='critic_first' keeps a batch's observations for the "
+                             "next update, which it does for array observations only; this env's are a Dict: use "
+                             "update_order='joint'")
         if self.discrete:
             raise ValueError(f"{type(self).__name__} needs a Box action space, got {action_space}; use "
                              "DqnAlgorithm, PpoAlgorithm or A2cAlgorithm for discrete actions")
@@ -111,6 +135,10 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self.target_policy_noise, self.target_noise_clip = target_policy_noise, target_noise_clip
         self.policy_delay, self.target_update_period = policy_delay, target_update_period
         self._lrs = dict(actor=actor_lr, critic=critic_lr)
+        self.update_order = update_order
+        if update_order == "critic_first":  # the kept batch (empty: none kept); resized as needed, also on load
+            self.register_buffer("deferred_observations", torch.zeros(0))
+            self.register_buffer("deferred_valid", torch.zeros(0))
         # Optimizer steps done: a buffer so checkpoints keep the delay's phase, mirrored by a Python int so the
         # delay and target decisions cost no host sync (set from the loaded tensor by load_state_dict).
         self._init_update_counter()
@@ -128,16 +156,28 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         return self.scale_action(unit_action), EMPTY
 
     def actor_due(self) -> bool:
-        """Whether the coming optimizer step (the ``updates_done + 1``-th) trains the actor."""
+        """Whether the coming optimizer step (the ``updates_done + 1``-th) is due to train the actor (in the
+        ``'critic_first'`` order its term is built by the step after it)."""
         return self._actor_due
 
+    def actor_trains(self) -> bool:
+        """Whether the coming optimizer step's loss has the actor's term: the step the actor is due at (``'joint'``),
+        or the one after it (``'critic_first'``), which moves the target networks too."""
+        return self._actor_trains
+
     def _set_updates_done(self, count: int) -> None:
-        # The delay's phase is kept as a bool, set whenever the count changes: train_step branches on it, and compiled
-        # updates (Learner.compile_mode) then keep two graphs, actor due and not due, where a branch on the count
-        # itself would make dynamo guard on the count and recompile every update (until its recompile limit, after
-        # which it silently runs eagerly).
+        # The delay's phase is kept as bools, set whenever the count changes: train_step branches on them, and
+        # compiled updates (Learner.compile_mode) then keep two graphs, actor trained and not, where a branch on the
+        # count itself would make dynamo guard on the count and recompile every update (until its recompile limit,
+        # after which it silently runs eagerly).
         super()._set_updates_done(count)
-        self.__dict__["_actor_due"] = (count + 1) % self.policy_delay == 0  # (not nn.Module.__setattr__: see super)
+        due = (count + 1) % self.policy_delay == 0
+        if self.update_order == "critic_first":  # the step after a due one; none before the first due step
+            trains = count >= self.policy_delay and count % self.policy_delay == 0
+        else:
+            trains = due
+        self.__dict__["_actor_due"] = due  # (not nn.Module.__setattr__: see super)
+        self.__dict__["_actor_trains"] = trains
 
     def smoothing_noise(self, like: torch.Tensor) -> torch.Tensor:
         """TD3's target policy smoothing: N(0, target_policy_noise) clipped to +-target_noise_clip."""
@@ -164,27 +204,71 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         td = q - td_target
         critic_loss = 0.5 * (td ** 2).sum(0)
 
-        if self.actor_due():  # the first critic scores the actor (TD3 paper; the only one for DDPG)
-            new_action = torch.tanh(self.actor(obs_t))
+        actor_valid = None  # (joint order: the actor's rows are this batch's)
+        if self.actor_trains():  # the first critic scores the actor (TD3 paper; the only one for DDPG)
+            actor_obs = obs_t
+            if self.update_order == "critic_first":  # the batch kept by the previous step (module docstring)
+                # (copies: the buffers are overwritten below with this batch, which the backward must not see)
+                actor_obs, actor_valid = self.deferred_observations.clone(), self.deferred_valid.clone()
+            new_action = torch.tanh(self.actor(actor_obs))
             # Only member 0 is evaluated: the other critics would cost a forward and a backward for nothing.
-            q_new = self.critics(obs_t, new_action, detach_params=True, members=slice(0, 1))
+            q_new = self.critics(actor_obs, new_action, detach_params=True, members=slice(0, 1))
             actor_loss = -q_new.view(-1)
         else:
             actor_loss = torch.zeros_like(critic_loss)  # a factory: no graph, no detach needed
+        if self.update_order == "critic_first" and self.actor_due():  # keep this batch for the next step's actor
+            self._keep_for_actor(obs_t.detach(), self.valid_transitions(exp))
         td = td.detach()
-        return AlgStep(info=DdpgTrainInfo(td.abs().mean(0), critic_loss, actor_loss, q.detach().mean(0), td_target))
+        return AlgStep(info=DdpgTrainInfo(td.abs().mean(0), critic_loss, actor_loss, q.detach().mean(0), td_target,
+                                          actor_valid))
+
+    @staticmethod
+    def valid_transitions(exp: Experience) -> torch.Tensor:
+        """``[N]`` float: 1 for a transition that trains, 0 for one out of a LAST step (env autoreset)."""
+        return (exp.step_type[:-1] != StepType.LAST).flatten().to(exp.reward.dtype)
+
+    def _keep_for_actor(self, observations: torch.Tensor, valid: torch.Tensor) -> None:
+        """Keep a batch's observations ``[N, ...]`` and validity ``[N]`` for the next step's actor term, in the
+        buffers (resized only when the batch's shape changes)."""
+        if self.deferred_observations.shape != observations.shape:
+            self.deferred_observations = torch.empty_like(observations)
+            self.deferred_valid = torch.empty_like(valid)
+        self.deferred_observations.copy_(observations)
+        self.deferred_valid.copy_(valid)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
+        # The kept batch is as large as the checkpointed run's (or empty): take its shape before loading into it.
+        for name in ("deferred_observations", "deferred_valid"):
+            loaded = state_dict.get(prefix + name)
+            if name in self._buffers and isinstance(loaded, torch.Tensor):
+                self._buffers[name] = torch.empty(loaded.shape, dtype=loaded.dtype,
+                                                  device=self._buffers[name].device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    def replay_refusal(self, prioritized: bool, offline: bool) -> Optional[str]:
+        """Why this algorithm cannot train from such a replay (None: it can): the ``'critic_first'`` order defers the
+        actor's term to the next batch, whose importance weights or offline rows are not the kept batch's."""
+        if self.update_order != "critic_first" or not (prioritized or offline):
+            return None
+        what = ("TrainerConfig.priority_replay=True" if prioritized
+                else "offline data (TrainerConfig.offline_buffer_dir)")
+        return (f"{type(self).__name__}.update_order='critic_first' defers the actor's term to the next batch, which "
+                f"{what} would weight or mix as that batch's own rows: use update_order='joint' with it")
 
     def calc_loss(self, exp: Experience, train_info: DdpgTrainInfo) -> LossInfo:
         """Per-transition loss ``[L-1, B]``; transitions out of a LAST step (env autoreset) are masked out."""
-        valid = exp.step_type[:-1] != StepType.LAST                             # [L-1, B]
-        shape = valid.shape
-        valid = valid.flatten().to(train_info.critic_loss.dtype)
-        loss = (train_info.critic_loss + train_info.actor_loss).mul_(valid)
+        shape = exp.step_type[:-1].shape                                         # [L-1, B]
+        valid = self.valid_transitions(exp).to(train_info.critic_loss.dtype)    # [N]
+        if train_info.actor_valid is None:
+            loss = (train_info.critic_loss + train_info.actor_loss).mul_(valid)
+        else:  # the actor's rows are the kept batch's, with its own mask
+            loss = train_info.critic_loss * valid + train_info.actor_loss * train_info.actor_valid
 
         def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
-            count = valid.sum().clamp(min=1.0)
             terms = torch.stack([train_info.critic_loss, train_info.actor_loss, train_info.q]).detach()
-            means = (terms * valid).sum(-1) / count
+            actor_valid = valid if train_info.actor_valid is None else train_info.actor_valid  # (its own rows)
+            masks = torch.stack([valid, actor_valid, valid])
+            means = (terms * masks).sum(-1) / masks.sum(-1).clamp(min=1.0)
             # actor_loss reads 0 on summaries that fall on a step where the delayed actor was not trained.
             out = dict(critic_loss=means[0], actor_loss=means[1], q_mean=means[2])
             if self.debug_summaries:  # TrainerConfig.debug_summaries: Q is the critics' mean per sample
@@ -196,13 +280,21 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         return LossInfo(loss=loss.view(shape), extra=extra, priority=priority)
 
     def after_update(self) -> None:
-        """Counts the optimizer step; on every ``policy_delay * target_update_period``-th, Polyak-averages the target
-        actor and critics towards the online ones."""
-        if self._count_update() % (self.policy_delay * self.target_update_period) == 0:
+        """Counts the optimizer step; on every ``policy_delay * target_update_period``-th step that trained the actor
+        (``'critic_first'``: one step after the ``'joint'`` order's), Polyak-averages the target actor and critics
+        towards the online ones."""
+        trained_actor = self.actor_trains()
+        count = self._count_update()
+        if self.update_order == "critic_first":
+            count -= 1  # the step the actor was due at
+        if trained_actor and count % (self.policy_delay * self.target_update_period) == 0:
             tau = self.tau()
             polyak_update(self.target_actor, self.actor, tau)
             polyak_update(self.target_critics, self.critics, tau)
 
+
+#: ``DdpgAlgorithm.update_order``'s values.
+UPDATE_ORDERS = ("joint", "critic_first")
 
 #: TD3's values of the three additions (Fujimoto et al. 2018); every other default is DDPG's.
 TD3_DEFAULTS = dict(num_critics=2, target_policy_noise=0.2, policy_delay=2)

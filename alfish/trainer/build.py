@@ -164,6 +164,9 @@ def _assemble(setup: RunSetup, collector: Collector) -> Trainer:
     check_combinations(config, options, algorithm.on_policy, type(algorithm).__name__)
     check_lag_correction(config, algorithm, algorithm.off_policy_correction)
     check_collection(config, options, algorithm)
+    refusal = algorithm.replay_refusal(config.priority_replay, config.offline_buffer_dir is not None)
+    if refusal is not None:
+        raise ValueError(refusal)
     if setup.offline_options is not None:
         check_offline_combinations(config, setup.offline_options, algorithm.on_policy, type(algorithm).__name__)
     if options.num_threads == AUTO:

@@ -25,8 +25,9 @@ TrainerConfig.num_env_steps = 1000
 
 
 @pytest.mark.timeout(120)
-def test_td3_reaches_the_optimum_of_point_goal(tmp_path):
-    root = run_trainer_from_text(tmp_path, TD3_POINT_GOAL)
+@pytest.mark.parametrize("update_order", ["joint", "critic_first"])  # (alfish's default; SB3's and the paper's code)
+def test_td3_reaches_the_optimum_of_point_goal(tmp_path, update_order):
+    root = run_trainer_from_text(tmp_path, TD3_POINT_GOAL + f"Td3Algorithm.update_order = '{update_order}'\n")
     returns = [r["average_return"] for r in eval_log(root)]
     assert len(returns) == 9  # env steps 200, 300, ..., 1000 (100 warm-up steps, then 1 per iteration)
     assert returns[0] < -1.5, returns  # it started far from the optimum (true for seed 1, see above)

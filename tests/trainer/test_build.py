@@ -112,3 +112,24 @@ def test_a_corrected_algorithm_with_a_slow_parameter_publish_is_warned_about(cap
     caplog.clear()
     check_lag_correction(dataclasses.replace(config, unroll_parameter_update_period=1), algorithm, "vtrace")
     assert not caplog.text
+
+
+def test_td3_in_the_critic_first_order_refuses_prioritized_replay_at_build(tmp_path):
+    import functools
+
+    import gin
+
+    from alfish.algorithms.ddpg import Td3Algorithm
+
+    gin.bind_parameter("create_environment.env_name", "Pendulum-v1")
+    try:
+        with pytest.raises(ValueError) as error:
+            build_trainer(TrainerConfig(root_dir=str(tmp_path / "root"), priority_replay=True, mini_batch_size=4,
+                                        mini_batch_length=2, whole_replay_buffer_training=False,
+                                        algorithm_ctor=functools.partial(Td3Algorithm, hidden_sizes=(8,),
+                                                                         update_order="critic_first")))
+    finally:
+        gin.clear_config()
+    assert str(error.value) == ("Td3Algorithm.update_order='critic_first' defers the actor's term to the next batch, "
+                                "which TrainerConfig.priority_replay=True would weight or mix as that batch's own "
+                                "rows: use update_order='joint' with it")
