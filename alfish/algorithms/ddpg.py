@@ -94,8 +94,9 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
     rollout_module_names = ("actor",)  # async unroll ships only these to its child
 
     @property
-    def skips_parameters_in_some_updates(self) -> bool:  # the delayed actor is left out of most updates
-        return self.policy_delay > 1
+    def skips_parameters_in_some_updates(self) -> bool:
+        # the delayed actor is left out of most updates; in the critic-first order out of the first one at least
+        return self.policy_delay > 1 or self.update_order == "critic_first"
 
     def __init__(self, observation_space: gym.spaces.Box, action_space: gym.spaces.Space,
                  hidden_sizes: Sequence[int] = (256, 256), actor_lr: float | Scheduler = 1e-3,

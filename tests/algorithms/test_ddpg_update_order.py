@@ -145,6 +145,11 @@ def test_targets_move_after_the_step_that_trained_the_actor():
     assert moved == [False, False, True, False, True, False]  # joint order: updates 2, 4, 6; here 3 and 5
 
 
+def test_ddp_looks_for_the_actor_left_out_of_the_first_update_even_without_a_delay():
+    assert make("critic_first", cls=DdpgAlgorithm).skips_parameters_in_some_updates  # (find_unused_parameters)
+    assert not make("joint", cls=DdpgAlgorithm).skips_parameters_in_some_updates
+
+
 def test_bad_settings_are_one_line_errors(tmp_path):
     with pytest.raises(ValueError, match=r"^Td3Algorithm.update_order='sb3': use one of \('joint', 'critic_first'\)"):
         make("sb3")
