@@ -129,7 +129,7 @@ def test_the_actor_term_is_masked_by_its_own_batchs_last_steps():
     info = alg.train_step(second).info
     loss = alg.calc_loss(second, info).loss.detach()
     assert info.actor_valid.tolist() == [1.0] * 6 + [0.0] + [1.0]  # row (1, 2) of [L-1, B] = index 1 * 4 + 2
-    critic_only = (info.critic_loss.detach()).view(L_ - 1, 4)
+    critic_only = info.critic_loss.detach().view(L_ - 1, 4)
     torch.testing.assert_close(loss[1, 2], critic_only[1, 2])  # this batch's row 6 is valid; the kept one was not
     assert not torch.equal(loss[0, 0], critic_only[0, 0])
 
@@ -150,7 +150,7 @@ def test_ddp_looks_for_the_actor_left_out_of_the_first_update_even_without_a_del
     assert not make("joint", cls=DdpgAlgorithm).skips_parameters_in_some_updates
 
 
-def test_bad_settings_are_one_line_errors(tmp_path):
+def test_bad_settings_are_one_line_errors():
     with pytest.raises(ValueError, match=r"^Td3Algorithm.update_order='sb3': use one of \('joint', 'critic_first'\)"):
         make("sb3")
     box = gym.spaces.Box(-1.0, 1.0, (2,))

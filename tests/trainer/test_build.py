@@ -1,14 +1,17 @@
 """Assembly checks: combinations the parts cannot serve fail before any env or process starts, with one line naming
 the parameters; a checkpoint of the older layout is refused with a clear message instead of a half-restored run."""
 import dataclasses
+import functools
 import logging
 import os
 
+import gin
 import gymnasium as gym
 import psutil
 import pytest
 
 from alfish.algorithms.a2c import A2cAlgorithm
+from alfish.algorithms.ddpg import Td3Algorithm
 from alfish.algorithms.sac import SacAlgorithm
 from alfish.config import TrainerConfig
 from alfish.rundir.checkpoint import Checkpointer, CheckpointError
@@ -115,12 +118,6 @@ def test_a_corrected_algorithm_with_a_slow_parameter_publish_is_warned_about(cap
 
 
 def test_td3_in_the_critic_first_order_refuses_prioritized_replay_at_build(tmp_path):
-    import functools
-
-    import gin
-
-    from alfish.algorithms.ddpg import Td3Algorithm
-
     gin.bind_parameter("create_environment.env_name", "Pendulum-v1")
     try:
         with pytest.raises(ValueError) as error:
