@@ -13,8 +13,9 @@ training env, rewards unnormalized), as alfish's evaluator does. Each evaluation
 ``average_episode_length``).
 Every ``--checkpoint_every`` env steps the model, replay buffer and VecNormalize statistics are saved in ``root_dir``;
 running the same command again resumes from there (SB3 has no exact resume: the resumed run's random streams differ
-from an uninterrupted one's). SB3 is a comparison peer only: ``pip install stable-baselines3`` (never an alfish
-dependency).
+from an uninterrupted one's). A SIGTERM or SIGINT (Ctrl-C) saves a checkpoint at the next env step and exits with
+128 + the signal's number, as alfish's trainer does, so a stopped suite loses no work. SB3 is a comparison peer only:
+``pip install stable-baselines3`` (never an alfish dependency).
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import sys
 import time
 from typing import Optional
@@ -150,6 +152,29 @@ def _kept_records(log_path: pathlib.Path, up_to_steps: int) -> list[str]:
     return [line for line in lines if json.loads(line)["env_steps"] <= up_to_steps]
 
 
+class StopOnSignal:
+    """While entered, SIGTERM and SIGINT set ``signal_number`` instead of ending the process (the training callback
+    saves a checkpoint and stops at the next env step); the previous handlers come back on exit."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self) -> None:
+        self.signal_number: Optional[int] = None
+        self.previous: dict = {}
+
+    def __enter__(self) -> "StopOnSignal":
+        for number in self.SIGNALS:
+            self.previous[number] = signal.signal(number, self._note)
+        return self
+
+    def _note(self, number: int, frame: object) -> None:
+        self.signal_number = number
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+
+
 def train(job: Sb3Job, root: pathlib.Path, checkpoint_every: int, update_order: str = "sb3") -> dict:
     """Train ``job`` to its budget (resuming from ``root``'s checkpoint if any), evaluating on the way and saving a
     checkpoint every ``checkpoint_every`` env steps (0: never); the run's summary. ``update_order``: ``build``'s."""
@@ -195,17 +220,21 @@ def train(job: Sb3Job, root: pathlib.Path, checkpoint_every: int, update_order: 
             if checkpoint_every and self.num_timesteps >= self.next_save and self.num_timesteps < job.env_steps:
                 self.next_save += checkpoint_every
                 checkpoint.save(self.model, env, time.monotonic() - clock_zero, self.number)
+            if stop.signal_number is not None:  # stopped: keep the work done so far, end learn()
+                checkpoint.save(self.model, env, time.monotonic() - clock_zero, self.number)
+                return False
             return True
 
-    callback = Every()
+    callback, stop = Every(), StopOnSignal()
     learn_start = time.monotonic()
-    model.learn(total_timesteps=job.env_steps - state["num_timesteps"], callback=callback,
-                reset_num_timesteps=state["num_timesteps"] == 0, log_interval=1)  # (a log row per episode/rollout)
-    if not recorded or recorded[-1] != model.num_timesteps:
+    with stop:
+        model.learn(total_timesteps=job.env_steps - state["num_timesteps"], callback=callback,
+                    reset_num_timesteps=state["num_timesteps"] == 0, log_interval=1)  # (a log row per episode/rollout)
+    if stop.signal_number is None and (not recorded or recorded[-1] != model.num_timesteps):
         record(int(model.num_timesteps), callback.number + 1)  # the final evaluation, at the budget
     log.close()
     return dict(env_steps=int(model.num_timesteps), learn_s=time.monotonic() - learn_start,
-                resumed_from=state["num_timesteps"])
+                resumed_from=state["num_timesteps"], stopped_by_signal=stop.signal_number)
 
 
 def main(argv=None) -> int:
@@ -240,6 +269,10 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     summary = train(job, pathlib.Path(args.root_dir), args.checkpoint_every, args.update_order)
+    if summary["stopped_by_signal"] is not None:
+        print(f"stopped by signal {summary['stopped_by_signal']} at {summary['env_steps']} env steps, a checkpoint "
+              f"saved: rerun the same command to resume", file=sys.stderr, flush=True)
+        return 128 + summary["stopped_by_signal"]
     print("RESULT " + json.dumps(summary), flush=True)
     return 0
 

@@ -203,6 +203,49 @@ def test_the_sb3_peer_resumes_from_its_checkpoint(tmp_path):
         assert {"train/actor_loss", "train/critic_loss", "time/total_timesteps"} <= set(header), header
 
 
+def test_a_signal_is_noted_not_fatal_while_the_peer_trains_and_the_handlers_come_back():
+    import os
+    import signal
+
+    import sb3_peer
+
+    before = signal.getsignal(signal.SIGTERM)
+    with sb3_peer.StopOnSignal() as stop:
+        assert stop.signal_number is None
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at once (the main thread), noted for the callback
+        assert stop.signal_number == signal.SIGTERM
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+@pytest.mark.slow  # SB3 trains up to 800 steps twice: ~40 s
+def test_a_sigterm_saves_the_sb3_peer_and_the_same_command_resumes_it(tmp_path):
+    pytest.importorskip("stable_baselines3")
+    import signal
+    import subprocess
+    import time
+
+    command = [sys.executable, str(REPO / "scripts" / "sb3_peer.py"), "--conf", str(CONFS / "sac_pendulum.gin"),
+               "--root_dir", str(tmp_path), "--checkpoint_every", "0"]  # (no periodic checkpoint: the signal's only)
+    for param in ("TrainerConfig.num_env_steps=800", "TrainerConfig.initial_collect_steps=100",
+                  "TrainerConfig.eval_interval=100", WARM_UP):
+        command += ["--conf_param", param]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = tmp_path / "eval_log.jsonl"
+    deadline = time.monotonic() + 300
+    while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:  # the first evaluation
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    saved = json.loads((tmp_path / "sb3_state.json").read_text())["num_timesteps"]
+    assert 200 <= saved < 800 and f"stopped by signal {int(signal.SIGTERM)} at {saved} env steps" in err
+    out = subprocess.run(command, capture_output=True, text=True, check=True, timeout=600).stdout
+    result = json.loads(out.split("RESULT ", 1)[1])
+    assert (result["resumed_from"], result["env_steps"]) == (saved, 800)
+    steps = [json.loads(line)["env_steps"] for line in log.read_text().splitlines()]
+    assert steps == list(range(200, 900, 100))  # every evaluation once: none lost to the stop, none repeated
+
+
 def test_recorded_runs_add_up_across_out_dirs_and_a_damaged_record_is_one_line(tmp_path):
     """``--record``: a finished run's record is kept in the record dir; a later suite with a fresh ``--out`` (a new
     session's machine) reads it back instead of training, with its curve in OUT for the plot."""
