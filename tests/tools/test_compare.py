@@ -47,6 +47,24 @@ def test_a_threshold_never_reached_and_no_threshold(tmp_path, capsys):
     assert "threshold" not in row and "env_steps_to_threshold" not in row
 
 
+def test_the_mean_from_env_steps_averages_the_mean_curve_from_there(tmp_path, capsys):
+    dirs = seeds(tmp_path)
+    # by hand (the comment above GROUP): the group's mean curve at 7000..10000 is 9, 8.5, 8, 7.5 -> 8.25; seed 2
+    # alone is 2 above it -> 10.25. From 7500 on: 8.5, 8, 7.5 -> 8.0 (the curve's own env steps, not interpolated).
+    group, single = as_json(capsys, [f"--run=three={tmp_path}/seed-*", str(dirs[2]), "--mean_from", "7000"])
+    assert group["mean_from_env_steps"] == 7000.0 and group["mean_return_from"] == pytest.approx(8.25)
+    assert single["mean_return_from"] == pytest.approx(10.25)
+    [group] = as_json(capsys, [f"--run=three={tmp_path}/seed-*", "--mean_from", "7500"])
+    assert group["mean_return_from"] == pytest.approx(8.0)
+    [group] = as_json(capsys, [f"--run=three={tmp_path}/seed-*", "--mean_from", "20000"])  # past the last evaluation
+    assert group["mean_return_from"] is None
+    assert compare.main([f"--run=three={tmp_path}/seed-*", "--mean_from", "7000"]) == 0
+    header, row = capsys.readouterr().out.splitlines()
+    assert "mean >= 7000  steps/s" in header and row.split()[-3] == "8.25"
+    [group] = as_json(capsys, [f"--run=three={tmp_path}/seed-*"])  # not asked: no such key
+    assert "mean_return_from" not in group
+
+
 def test_a_group_is_read_only_where_all_its_runs_have_data(tmp_path, capsys):
     [first, *_] = seeds(tmp_path)
     # a second run at a constant 3, evaluated in between (500, 1500, ...) and only to 8500 env steps
