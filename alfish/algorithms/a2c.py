@@ -11,6 +11,7 @@ from torch import nn
 from alfish.algorithms.actor_critic import ActorCriticNetworks, ActorCriticParams
 from alfish.algorithms.base import OnPolicyAlgorithm
 from alfish.algorithms.debug_stats import explained_variance, masked_stats
+from alfish.data import nest
 from alfish.data.types import EMPTY, Experience, LossInfo, StepType
 from alfish.losses.returns import generalized_advantage_estimation, masked_standardize
 from alfish.losses.vtrace import VTraceSettings, vtrace_returns
@@ -78,8 +79,8 @@ class A2cAlgorithm(ActorCriticParams, OnPolicyAlgorithm):
                                 exp.action.flatten(0, 1))
         info = A2cRolloutInfo(*(x.view(length, batch) for x in (out.log_prob, out.entropy, out.value)))
         if self.off_policy_correction is not None:  # the acting policy's, from the unroll
-            info = info._replace(behaviour_log_prob=exp.rollout_info.log_prob.detach())
-        return exp._replace(rollout_info=info)
+            info = nest.replace_fields(info, behaviour_log_prob=exp.rollout_info.log_prob.detach())
+        return nest.replace_fields(exp, rollout_info=info)
 
     def loss_terms(self, exp: Experience) -> dict[str, torch.Tensor]:
         """Per-step terms ``[T, B]`` (with gradients) of the unroll ``[T+1, B]``: policy gradient, value, entropy;

@@ -342,13 +342,18 @@ class RLAlgorithm(Algorithm):
         more than the arithmetic); ``.to(device)`` replaces the bound buffers, which recomputes them there. (Bounds
         overwritten in place would not be seen: nothing in alfish does that.) Same values as the textbook formulas up
         to float rounding.
+
+        Inside a compiled region the maps are computed in the graph and never cached: a cache filled there would hold
+        the graph's outputs, which with CUDA graphs (``'reduce-overhead'``) live in the graph's memory and are
+        overwritten by the next replay (found on an H200: TD3's compiled update failed at its second graph when its
+        first update was the first call).
         """
         low, high = self.action_low, self.action_high
+        if torch.compiler.is_compiling():
+            return _affine_maps(low, high)
         cache = self.__dict__.get("_action_affine_cache")
         if cache is None or cache[0] is not low or cache[1] is not high:
-            half_range = (high - low) * 0.5
-            mid = low + half_range
-            cache = (low, high, (mid, half_range, -mid / half_range, 1.0 / half_range))
+            cache = (low, high, _affine_maps(low, high))
             self.__dict__["_action_affine_cache"] = cache
         return cache[2]
 
@@ -365,6 +370,13 @@ class RLAlgorithm(Algorithm):
         else:
             flat = obs.reshape(obs.shape[:batch_dims] + (self.obs_dim,))
         return flat if flat.dtype == torch.float32 else flat.to(torch.float32)
+
+
+def _affine_maps(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``(mid, half_range, -mid / half_range, 1 / half_range)`` of the bounds ``low``, ``high`` ``[action_dim]``."""
+    half_range = (high - low) * 0.5
+    mid = low + half_range
+    return mid, half_range, -mid / half_range, 1.0 / half_range
 
 
 class UpdateCounter:

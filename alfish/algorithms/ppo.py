@@ -201,10 +201,10 @@ class PpoAlgorithm(ActorCriticParams, OffPolicyAlgorithm):
                                                    tm(exp.discount), self.gamma, self.gae_lambda).transpose(0, 1)
             value = info.value[:, :-1]
             value_target = adv + value
-        trimmed = nest.map_nest(lambda x: x[:, :-1], exp._replace(rollout_info=EMPTY))
+        trimmed = nest.map_nest(lambda x: x[:, :-1], nest.replace_fields(exp, rollout_info=EMPTY))
         state = nest.map_nest(lambda x: x[:, :-1], info.state)
-        return trimmed._replace(rollout_info=PpoExperienceInfo(info.log_prob[:, :-1], value, adv, value_target,
-                                                               state))
+        info = PpoExperienceInfo(info.log_prob[:, :-1], value, adv, value_target, state)
+        return nest.replace_fields(trimmed, rollout_info=info)
 
     def _evaluate_stored(self, exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
         """The log-probabilities of the stored actions and the values, ``[B, T]`` each, of ``exp`` ``[B, T]`` under

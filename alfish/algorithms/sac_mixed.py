@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from alfish.algorithms.sac import SacAlgorithm
+from alfish.data import nest
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
 from alfish.envs.mixed_actions import choice_of
 from alfish.errors import OneLineValueError
@@ -197,7 +198,7 @@ class MixedSacAlgorithm(SacAlgorithm):
                 out["debug/discrete_target_entropy"] = self.discrete_target_entropy.tensor_value(valid.device)
             return out
 
-        return loss_info._replace(extra=extra)
+        return nest.replace_fields(loss_info, extra=extra)
 
 
 SacAlgorithm.mixed_action_class = MixedSacAlgorithm  # what SacAlgorithm(...) builds for a mixed action space

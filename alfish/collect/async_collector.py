@@ -401,11 +401,11 @@ def restart_episodes(exp: Experience) -> Experience:
     A LAST stays LAST (no transition leaves it) and a FIRST stays FIRST."""
     step_type = exp.step_type
     first = torch.where(step_type == StepType.MID, torch.full_like(step_type, StepType.FIRST), step_type)
-    return exp._replace(step_type=first, reward=_where_mid(step_type, exp.reward, 0.0),
+    return nest.replace_fields(exp, step_type=first, reward=_where_mid(step_type, exp.reward, 0.0),
                         discount=_where_mid(step_type, exp.discount, 1.0))
 
 
 def truncate_episodes(exp: Experience) -> Experience:
     """The last step kept before a gap: LAST, keeping its reward and discount (a time-limit truncation, as
     ``RingBuffer.truncate_episodes`` marks a stored one)."""
-    return exp._replace(step_type=torch.full_like(exp.step_type, StepType.LAST))
+    return nest.replace_fields(exp, step_type=torch.full_like(exp.step_type, StepType.LAST))

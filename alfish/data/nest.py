@@ -16,7 +16,9 @@ from torch.utils import _pytree as pytree
 
 
 def _is_namedtuple(x: Any) -> bool:
-    return isinstance(x, tuple) and hasattr(type(x), "_fields")
+    # (the instance's attribute, not ``type(x)``'s: torch 2.11's dynamo cannot trace ``hasattr`` on the class of a
+    # NamedTuple made inside a compiled region, and breaks the graph there)
+    return isinstance(x, tuple) and hasattr(x, "_fields")
 
 
 def _leaves_into(nest: Any, out: list) -> None:
@@ -95,3 +97,20 @@ def cat(nests: list, dim: int = 0) -> Any:
 
 def detach(nest: Any) -> Any:
     return map_nest(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, nest)
+
+
+def replace_fields(record: Any, **changes: Any) -> Any:
+    """``record._replace(**changes)`` for a NamedTuple ``record`` (a new one of its type with ``changes`` applied),
+    written so that ``torch.compile`` traces it correctly on every torch alfish supports.
+
+    Why not ``_replace`` itself: torch 2.11's dynamo miscompiles a ``_replace`` whose result leaves the compiled
+    region -- it returns an empty tuple of the record's type for a record passed in, and fails with a bare
+    ``AssertionError`` (``side_effects.codegen_save_tempvars``) for one made inside (seen on the H200 machine with
+    torch 2.11.0: every compiled update fell back to eager; torch 2.13 traces both). alfish code builds records with
+    this helper everywhere (``tests/test_nest_replace_fields.py`` keeps ``_replace`` out of the package), so no update
+    path depends on where the compiled region ends.
+    """
+    unknown = changes.keys() - set(record._fields)
+    if unknown:
+        raise ValueError(f"{type(record).__name__} has no field {', '.join(sorted(unknown))}")
+    return type(record)(*[changes.get(name, value) for name, value in zip(record._fields, record)])

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from alfish.algorithms.base import Algorithm
+from alfish.data import nest
 from alfish.data.types import TimeStep
 from alfish.envs.batched_env import BatchedEnv
 from alfish.evaluate.acting import Acted, EpisodeWatcher, GreedyPolicy, run_episodes
@@ -144,7 +145,7 @@ class Evaluator:
         result = EvalResult(average, sum(lengths) / len(lengths), len(returns))
         if self.uncertainty:
             spread = math.sqrt(sum((r - average) ** 2 for r in returns) / len(returns))
-            result = result._replace(return_std=spread, return_min=min(returns), return_max=max(returns),
+            result = nest.replace_fields(result, return_std=spread, return_min=min(returns), return_max=max(returns),
                                      **(critics.result() if critics is not None else {}))
         return result
 

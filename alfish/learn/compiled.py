@@ -53,7 +53,7 @@ class LossWithTerms(nn.Module):
 
     def forward(self, batch: Experience) -> LossInfo:
         loss_info = self.loss_module(batch)
-        return loss_info._replace(extra=loss_terms(loss_info))
+        return nest.replace_fields(loss_info, extra=loss_terms(loss_info))
 
 
 class CompiledLoss:

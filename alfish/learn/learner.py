@@ -216,7 +216,7 @@ class Learner:
                 self.check_finite()
         self.algorithm.after_update()
         self.num_updates += 1
-        self._last_loss = loss_info._replace(loss=loss)
+        self._last_loss = nest.replace_fields(loss_info, loss=loss)
         self._last_grad_norm = grad_norm
         return loss_info
 
@@ -298,10 +298,12 @@ class Learner:
             self.finite_guard.check_value(float(out.loss[made]), nest.map_nest(lambda x: x[made], out.loss_info),
                                           None if out.weights is None else out.weights[made], self.num_updates)
         last = nest.map_nest(lambda x: x[-1], out.loss_info)
-        self._last_loss = last._replace(loss=out.loss[-1])
+        self._last_loss = nest.replace_fields(last, loss=out.loss[-1])
         self._last_grad_norm = None if out.grad_norm is None else out.grad_norm[-1]
         priority = out.loss_info.priority
-        return last._replace(priority=priority.reshape(-1) if isinstance(priority, torch.Tensor) else priority)
+        if isinstance(priority, torch.Tensor):
+            priority = priority.reshape(-1)
+        return nest.replace_fields(last, priority=priority)
 
     def apply(self, loss_info: LossInfo, batch_info: BatchInfo | None = None) -> LossInfo:
         """One gradient step on a loss built outside the loss module (the on-policy path: ``calc_loss`` on the unroll,
@@ -358,7 +360,7 @@ class Learner:
         self.amp.step(self.optimizer, skip)  # a fused optimizer skips a non-finite update on the device
         self.algorithm.after_update()
         self.num_updates += 1
-        self._last_loss = loss_info._replace(loss=loss.detach())
+        self._last_loss = nest.replace_fields(loss_info, loss=loss.detach())
         self._last_grad_norm = grad_norm
         if diagnosed:
             self.diagnostics.measured()

@@ -140,7 +140,7 @@ class ScannedUpdates:
 
         def loss_of(values: list[torch.Tensor]) -> tuple[torch.Tensor, tuple]:
             loss_info = torch.func.functional_call(self.loss_module, dict(zip(self.names, values)), (batch,))
-            loss_info = loss_info._replace(extra=loss_terms(loss_info))
+            loss_info = nest.replace_fields(loss_info, extra=loss_terms(loss_info))
             loss = weighted_mean(loss_info.loss, weights)
             return loss, (loss.detach(), nest.map_nest(lambda x: x.detach() if isinstance(x, torch.Tensor) else x,
                                                        loss_info))

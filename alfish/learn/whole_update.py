@@ -203,7 +203,7 @@ class WholeUpdate:
     def _update(self, batch: Experience, weights: Optional[torch.Tensor],
                 states: list[dict[str, torch.Tensor]]) -> tuple:
         loss_info = self.loss_module(batch)
-        loss_info = loss_info._replace(extra=loss_terms(loss_info))
+        loss_info = nest.replace_fields(loss_info, extra=loss_terms(loss_info))
         loss = weighted_mean(loss_info.loss, weights)
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         finite = torch.isfinite(loss)

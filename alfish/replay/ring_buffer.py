@@ -84,7 +84,7 @@ class RingBuffer:
     def _add(self, exp: Experience) -> None:
         env_ids = exp.env_id
         # env_id is not stored: it is the ring's own index (8 bytes per step saved); gather puts it back.
-        stored = exp._replace(env_id=())
+        stored = nest.replace_fields(exp, env_id=())
         leaves = nest.flatten(stored)  # (pytree's leaf order, without pytree's per-call cost)
         if self._storage is None:
             self._spec = pytree.tree_structure(stored)
@@ -130,7 +130,7 @@ class RingBuffer:
                 for t in range(num_steps):
                     self._add(nest.map_nest(lambda x, t=t: x.select(1, t), exp))
                 return
-            leaves = nest.flatten(exp._replace(env_id=()))
+            leaves = nest.flatten(nest.replace_fields(exp, env_id=()))
             start = self._lockstep % self.capacity
             first = min(num_steps, self.capacity - start)  # steps before the ring wraps
             on_host = self.device.type == "cpu"
@@ -271,7 +271,7 @@ class RingBuffer:
             leaves.append(gathered.unflatten(0, shape))
         exp: Experience = pytree.tree_unflatten(leaves, self._spec)
         env_id = rows.expand_as(index) if rows.device == self.device else on_storage // self.capacity
-        return exp._replace(env_id=env_id)
+        return nest.replace_fields(exp, env_id=env_id)
 
     def to_storage(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` (a host tensor computed from sample indices, e.g. a transformer's mask ``[N, L]``) on the storage's
@@ -339,7 +339,7 @@ class RingBuffer:
         self._floor = state["oldest"].clone()
         counts = self._write_count.tolist()
         self._lockstep = counts[0] if len(set(counts)) == 1 else None
-        self._spec = pytree.tree_flatten(example._replace(env_id=()))[1]
+        self._spec = pytree.tree_flatten(nest.replace_fields(example, env_id=()))[1]
         if state["leaves"] and len(state["leaves"]) != self._spec.num_leaves:
             raise ValueError(f"the checkpoint's replay buffer holds {len(state['leaves'])} fields per step but this "
                              f"algorithm stores {self._spec.num_leaves}; it was written by another alfish version or "

@@ -91,7 +91,7 @@ class BatchStager:
         rows = index.numel()
         out = [staging.buffer(("gather", i), (rows,) + shape, dtype) for i, (shape, dtype) in enumerate(layout)]
         exp = storage.gather_at(env_ids, index, out=out)
-        staging.gathered = nest.flatten(exp._replace(env_id=()))  # (env_id is computed, not gathered)
+        staging.gathered = nest.flatten(nest.replace_fields(exp, env_id=()))  # (env_id is computed, not gathered)
         return exp
 
     def to_device(self, exp: Experience, batch_info: BatchInfo) -> tuple[Experience, BatchInfo]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from alfish.data import nest
 from alfish.replay.supervised_data import SupervisedData
 from alfish.trainer.training import StepParts, TrainingStep
 
@@ -21,7 +22,7 @@ class SupervisedTraining(TrainingStep):
     def _collect_and_train(self, steps_per_env: int) -> int:
         for _ in range(self.num_updates):
             batch = self.data.sample(self.mini_batch_size, self.generator)
-            self.learner.update(batch._replace(inputs=batch.inputs.to(self.learner.device),
+            self.learner.update(nest.replace_fields(batch, inputs=batch.inputs.to(self.learner.device),
                                                targets=batch.targets.to(self.learner.device)))
         return 0
 
@@ -31,5 +32,6 @@ class SupervisedTraining(TrainingStep):
         if validation is not None:
             device = self.learner.device
             out["sl/validation_loss"] = float(self.algorithm.validation_loss(
-                validation._replace(inputs=validation.inputs.to(device), targets=validation.targets.to(device))))
+                nest.replace_fields(validation, inputs=validation.inputs.to(device),
+                                    targets=validation.targets.to(device))))
         return out

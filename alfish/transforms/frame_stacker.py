@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience, StepType, TimeStep
 from alfish.transforms.base import STAGE_READS_BUFFER, DataTransformer
 
@@ -58,7 +59,7 @@ class FrameStacker(DataTransformer):
             shifted = torch.cat([state[:, 1:], obs.unsqueeze(1)], dim=1)
             first = time_step.is_first().view((-1,) + (1,) * (state.dim() - 1))
             state = torch.where(first, repeated, shifted)
-        return time_step._replace(observation=self._concat(state, batch_dims=1)), state
+        return nest.replace_fields(time_step, observation=self._concat(state, batch_dims=1)), state
 
     def transform_sample(self, exp: Experience, batch_info: BatchInfo, replay: Any) -> Experience:
         """Devices: the window's indices are computed on the host, from the sampler's host indices and the ring's host
@@ -84,4 +85,4 @@ class FrameStacker(DataTransformer):
         frame_pos = torch.maximum(frame_pos.unsqueeze(0), starts[:, target].unsqueeze(2))  # [N, L, K]
         obs = past.observation  # [N, W, *obs]
         frames = obs[torch.arange(num, device=device).view(-1, 1, 1), frame_pos]  # [N, L, K, *obs]
-        return exp._replace(observation=self._concat(frames, batch_dims=2))
+        return nest.replace_fields(exp, observation=self._concat(frames, batch_dims=2))

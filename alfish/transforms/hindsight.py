@@ -7,6 +7,7 @@ import gin
 import gymnasium as gym
 import torch
 
+from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience, StepType
 from alfish.transforms.base import STAGE_READS_BUFFER, DataTransformer
 
@@ -82,4 +83,4 @@ class HindsightExperienceTransformer(DataTransformer):
         discount = exp.discount
         if self.end_episode_on_goal:
             discount = torch.where(rewarded & reached, torch.zeros_like(discount), discount)
-        return exp._replace(observation=obs, reward=new_reward, discount=discount)
+        return nest.replace_fields(exp, observation=obs, reward=new_reward, discount=discount)

@@ -8,6 +8,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from alfish.data import nest
 from alfish.data.types import Experience, TimeStep
 from alfish.transforms.base import DataTransformer
 
@@ -49,7 +50,7 @@ class ImageScaleTransformer(DataTransformer):
         return {k: one(v) if k in self.fields else v for k, v in obs.items()}
 
     def transform_timestep(self, time_step: TimeStep, state: Any, update_stats: bool) -> tuple[TimeStep, Any]:
-        return time_step._replace(observation=self._scale(time_step.observation)), state
+        return nest.replace_fields(time_step, observation=self._scale(time_step.observation)), state
 
     def transform_experience(self, exp: Experience) -> Experience:
-        return exp._replace(observation=self._scale(exp.observation))
+        return nest.replace_fields(exp, observation=self._scale(exp.observation))

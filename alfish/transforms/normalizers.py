@@ -17,6 +17,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from alfish.data import nest
 from alfish.data.types import Experience, StepType, TimeStep
 from alfish.errors import OneLineValueError
 from alfish.transforms.base import DataTransformer
@@ -210,11 +211,12 @@ class ObservationNormalizer(DataTransformer):
     def transform_timestep(self, time_step: TimeStep, state: Any, update_stats: bool) -> tuple[TimeStep, Any]:
         # The training rollout (update_stats) reads the iteration's frozen statistics; evaluation and play the newest.
         update = update_stats and self.update_mode == "rollout"
-        return time_step._replace(observation=self._normalize(time_step.observation, update, frozen=update)), state
+        observation = self._normalize(time_step.observation, update, frozen=update)
+        return nest.replace_fields(time_step, observation=observation), state
 
     def transform_experience(self, exp: Experience) -> Experience:
         update = self.training and self.update_mode == "replay"
-        return exp._replace(observation=self._normalize(exp.observation, update, frozen=True))
+        return nest.replace_fields(exp, observation=self._normalize(exp.observation, update, frozen=True))
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
@@ -264,7 +266,7 @@ class RewardNormalizer(DataTransformer):
                 self.stats.update(time_step.reward)
             else:
                 state = self._update_return_stats(time_step, state)
-        return time_step._replace(reward=self._normalize(time_step.reward)), state
+        return nest.replace_fields(time_step, reward=self._normalize(time_step.reward)), state
 
     def _update_return_stats(self, time_step: TimeStep, running_return: Optional[torch.Tensor]) -> torch.Tensor:
         """VecNormalize's ``_update_reward`` and its reset at ``dones``: returns the running returns ``[B]`` (float64)
@@ -301,4 +303,4 @@ class RewardNormalizer(DataTransformer):
         return (reward / std).clamp(-self.clip_value, self.clip_value)
 
     def transform_experience(self, exp: Experience) -> Experience:
-        return exp._replace(reward=self._normalize(exp.reward))
+        return nest.replace_fields(exp, reward=self._normalize(exp.reward))

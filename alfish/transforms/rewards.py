@@ -7,6 +7,7 @@ from typing import Any, Optional
 import gin
 import gymnasium as gym
 
+from alfish.data import nest
 from alfish.data.types import Experience, TimeStep
 from alfish.transforms.base import DataTransformer
 
@@ -20,10 +21,10 @@ class RewardScaling(DataTransformer):
         self.scale = scale
 
     def transform_timestep(self, time_step: TimeStep, state: Any, update_stats: bool) -> tuple[TimeStep, Any]:
-        return time_step._replace(reward=time_step.reward * self.scale), state
+        return nest.replace_fields(time_step, reward=time_step.reward * self.scale), state
 
     def transform_experience(self, exp: Experience) -> Experience:
-        return exp._replace(reward=exp.reward * self.scale)
+        return nest.replace_fields(exp, reward=exp.reward * self.scale)
 
 
 @gin.configurable
@@ -38,7 +39,7 @@ class RewardClipping(DataTransformer):
         self.minimum, self.maximum = minimum, maximum
 
     def transform_timestep(self, time_step: TimeStep, state: Any, update_stats: bool) -> tuple[TimeStep, Any]:
-        return time_step._replace(reward=time_step.reward.clamp(self.minimum, self.maximum)), state
+        return nest.replace_fields(time_step, reward=time_step.reward.clamp(self.minimum, self.maximum)), state
 
     def transform_experience(self, exp: Experience) -> Experience:
-        return exp._replace(reward=exp.reward.clamp(self.minimum, self.maximum))
+        return nest.replace_fields(exp, reward=exp.reward.clamp(self.minimum, self.maximum))

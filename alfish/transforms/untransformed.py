@@ -6,6 +6,7 @@ from typing import Any
 import gin
 import gymnasium as gym
 
+from alfish.data import nest
 from alfish.data.types import BatchInfo, Experience, TimeStep
 from alfish.transforms.base import STAGE_UNTRANSFORMED, DataTransformer
 
@@ -22,7 +23,7 @@ class UntransformedTimeStep(DataTransformer):
         super().__init__()
 
     def transform_timestep(self, time_step: TimeStep, state: Any, update_stats: bool) -> tuple[TimeStep, Any]:
-        return time_step._replace(untransformed=time_step), state
+        return nest.replace_fields(time_step, untransformed=time_step), state
 
     def transform_sample(self, exp: Experience, batch_info: BatchInfo, replay: Any) -> Experience:
-        return exp._replace(untransformed=exp)
+        return nest.replace_fields(exp, untransformed=exp)

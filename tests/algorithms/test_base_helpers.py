@@ -66,3 +66,18 @@ def test_target_update_reads_parameters_replaced_by_load_state_dict_assign(cls):
         alg.after_update()
     for target, online in zip(alg.target_critics.parameters(), alg.critics.parameters()):
         torch.testing.assert_close(target, online)
+
+
+def test_a_compiled_call_computes_the_action_maps_in_the_graph_and_caches_nothing():
+    """The first (un)scaling inside a compiled region must not fill the cache: with CUDA graphs its tensors would be
+    the graph's outputs, overwritten by the next replay. The eager call after it caches as before."""
+    alg = Td3Algorithm(OBS, ACT, hidden_sizes=(4,))
+    env = torch.tensor([[0.0, 0.4], [2.0, 0.1]])
+    expected = torch.tensor([[0.0, 0.0], [1.0, -1.0]])
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda a: alg.unscale_action(a), backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(env), expected)
+    assert "_action_affine_cache" not in alg.__dict__
+    torch.testing.assert_close(alg.unscale_action(env), expected)
+    assert "_action_affine_cache" in alg.__dict__
+    torch._dynamo.reset()

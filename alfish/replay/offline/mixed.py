@@ -116,7 +116,7 @@ class MixedReplayBuffer:
                 exp = buffer.stage(exp)
             drawn.append(info)
             parts.append(exp)
-            infos.append(info._replace(env_ids=info.env_ids + first_env) if first_env else info)
+            infos.append(nest.replace_fields(info, env_ids=info.env_ids + first_env) if first_env else info)
         self.record_draw(n_online, n_offline)
         exp = parts[0] if len(parts) == 1 else nest.map_nest(lambda *x: torch.cat(x), *parts)
         info = infos[0] if len(infos) == 1 else concat_infos(infos, device)

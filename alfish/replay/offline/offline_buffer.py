@@ -73,7 +73,7 @@ def offline_storage(steps: Steps, example: Experience, track_episode_ends: bool 
         raise ValueError("the algorithm stores rollout info with each step (e.g. PPO's log-probabilities), which "
                          "offline data does not have; train offline with an off-policy algorithm (SAC, TD3, DQN, "
                          "BC, IQL)")
-    wanted = example._replace(env_id=(), rollout_info=(), untransformed=())
+    wanted = nest.replace_fields(example, env_id=(), rollout_info=(), untransformed=())
     observation = steps.observation
     data = Experience(step_type=steps.step_type, reward=steps.reward, discount=steps.discount,
                       observation=(dict(sorted(observation.items())) if isinstance(observation, dict)
@@ -89,7 +89,7 @@ def offline_storage(steps: Steps, example: Experience, track_episode_ends: bool 
     if track_episode_ends:
         state.update(episode_end=torch.from_numpy(episode_ends(steps.step_type))[None],
                      episode_begin=torch.tensor([int(np.flatnonzero(steps.step_type == StepType.FIRST)[-1])]))
-    storage.load_state_dict(state, example._replace(rollout_info=(), untransformed=()))
+    storage.load_state_dict(state, nest.replace_fields(example, rollout_info=(), untransformed=()))
     return storage
 
 
