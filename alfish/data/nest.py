@@ -110,7 +110,7 @@ def replace_fields(record: Any, **changes: Any) -> Any:
     this helper everywhere (``tests/test_nest_replace_fields.py`` keeps ``_replace`` out of the package), so no update
     path depends on where the compiled region ends.
     """
-    unknown = changes.keys() - set(record._fields)
+    unknown = [name for name in changes if name not in record._fields]  # (no set built: a few calls an env step)
     if unknown:
         raise ValueError(f"{type(record).__name__} has no field {', '.join(sorted(unknown))}")
     return type(record)(*[changes.get(name, value) for name, value in zip(record._fields, record)])
