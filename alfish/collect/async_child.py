@@ -17,6 +17,7 @@ from alfish.collect.child_process import (
     ChildChannels,
     build_acting_policy,
     finish_child,
+    flush_queue,
     gin_constants,
     resolved_acting_device,
     start_child,
@@ -24,6 +25,10 @@ from alfish.collect.child_process import (
 from alfish.collect.shared_params import POLL_S, ParamBlock, SharedParams, rollout_state
 from alfish.data import nest
 from alfish.envs.batched_env import EnvSettings
+
+#: How long a failing child waits for its queued steps to reach the pipe (the trainer reads it meanwhile; a trainer
+#: that does not is itself stuck, and the steps are then given up).
+RESULTS_FLUSH_TIMEOUT_S = 5.0
 
 
 @dataclasses.dataclass
@@ -74,7 +79,10 @@ def child_main(spec: UnrollSpec, shared: SharedParams, channels: ChildChannels) 
             acting = _start_acting(spec, config, env, env_spec, shared, (block_name, seed), parent_alive)
             _run(acting, spec, channels, parent_alive)
     except BaseException:  # noqa: BLE001  (everything, including KeyboardInterrupt, goes to the parent)
-        channels.errors.put(traceback.format_exc())
+        # The steps put before the failure first (bounded): the parent reads them once it sees the report, which may
+        # be before this process has exited, and keeps them only when they were all written (``flushed``).
+        flushed = flush_queue(channels.results, RESULTS_FLUSH_TIMEOUT_S)
+        channels.errors.put((traceback.format_exc(), flushed))
         exit_code = 1
     else:
         exit_code = 0

@@ -317,7 +317,7 @@ class AsyncCollector(Collector):
         first = self.processes.first_env_id(index)
         last = first + self.processes.num_envs_of(index) - 1
         self.restarts.spend(failure, f"replacing it: the episodes in flight in envs {first}..{last} are cut")
-        leftover = self.processes.replace(index)
+        leftover = self.processes.replace(index, failure.steps_whole)
         self._pending[index].extend(  # (whole steps it queued before failing: they come before its replacement's)
             ReceivedStep(nest.map_nest(torch.from_numpy, exp_numpy), version, env_step_s, process, generation)
             for exp_numpy, version, env_step_s, process, generation in leftover)

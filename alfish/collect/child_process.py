@@ -183,6 +183,20 @@ def spawn_child(ctx: Any, target: Callable[..., None], name: str, args: tuple, c
     return process
 
 
+def flush_queue(items: Any, timeout_s: float) -> bool:
+    """Close the multiprocessing queue ``items`` and wait at most ``timeout_s`` for its feeder thread to write every
+    item put on it into the pipe. True when all were written: the pipe then holds only whole items, and the parent may
+    read them after this process is gone. False when the pipe stayed full (nobody read it): the feeder may be cut off
+    in the middle of an item when the process exits, so the parent must not read the queue."""
+    import threading
+
+    items.close()
+    writer = threading.Thread(target=items.join_thread, name="alfish-flush", daemon=True)
+    writer.start()
+    writer.join(timeout_s)
+    return not writer.is_alive()
+
+
 def finish_child(resources: Iterable[Any], results: Any, errors: Any, exit_code: int) -> None:
     """Close ``resources`` (the ``None`` ones skipped, failures ignored: exiting anyway), never block on ``results`` (a
     queue nobody may read any more), flush ``errors`` (the traceback must reach the pipe), then ``os._exit``: C++ thread

@@ -52,11 +52,14 @@ class _Child:
 
 
 class UnrollChildFailed(AsyncUnrollError):
-    """One unroll child failed, died, stalled or was stopped; ``index`` says which (``UnrollProcesses.replace``)."""
+    """One unroll child failed, died, stalled or was stopped; ``index`` says which (``UnrollProcesses.replace``).
+    ``steps_whole``: the child reported an exception after writing every step it had queued into its queue's pipe, so
+    its queue may be read; a child that died, hung or was stopped may have been cut off in the middle of a write."""
 
-    def __init__(self, message: str, index: int):
+    def __init__(self, message: str, index: int, steps_whole: bool = False):
         super().__init__(message)
         self.index = index
+        self.steps_whole = steps_whole
 
 
 class UnrollProcesses:
@@ -135,20 +138,18 @@ class UnrollProcesses:
         """Child ``index``'s step queue."""
         return self.children[index].channels.results
 
-    def replace(self, index: int) -> list[Any]:
+    def replace(self, index: int, steps_whole: bool = False) -> list[Any]:
         """Replace child ``index`` (failed, dead, hung or stopped) by a new one stepping the same envs: the old one is
         terminated (then killed; bounded), the new one builds its envs, reports them and starts acting with the
         published parameters, its envs reset with the ``k``-th reseed of the share's seed (``seeding.reseed``: not the
-        episodes that failed again). Returns the items the old one had queued when it ended by exiting (a Python
-        exception: every write it made is whole); a child killed by a signal, hung or stopped may have been cut off
-        in the middle of a write, so its queue is not read. Raises ``UnrollChildFailed`` when the new one fails to
-        start."""
+        episodes that failed again). Returns the items the old one had queued when ``steps_whole``
+        (``UnrollChildFailed.steps_whole``: it reported a Python exception after writing all of them, whether or not it
+        has exited yet); a child killed by a signal, hung or stopped may have been cut off in the middle of a write, so
+        its queue is not read. Raises ``UnrollChildFailed`` when the new one fails to start."""
         from alfish.seeding import reseed
 
         old = self.children[index]
-        old.process.join(timeout=0.5 if old.process.exitcode is None else 0)  # (one that is exiting, let it)
-        whole = old.process.exitcode is not None and old.process.exitcode >= 0
-        leftover = _drain(old.channels.results) if whole else []
+        leftover = _drain(old.channels.results) if steps_whole else []
         reap_child(old.process, (old.channels.results, old.channels.errors, old.channels.replies,
                                  old.channels.commands), JOIN_TIMEOUT_S * 2)
         child = self._spawn(dataclasses.replace(old.spec, generation=old.spec.generation + 1), self.num_processes)
@@ -177,11 +178,11 @@ class UnrollProcesses:
             if only is not None and index != only:
                 continue
             try:
-                child_traceback = child.channels.errors.get_nowait()
+                child_traceback, steps_whole = child.channels.errors.get_nowait()
             except queue.Empty:
-                child_traceback = None
+                child_traceback, steps_whole = None, False
             if child_traceback is not None:
-                raise UnrollChildFailed(f"{self.describe(index)} failed:\n{child_traceback}", index)
+                raise UnrollChildFailed(f"{self.describe(index)} failed:\n{child_traceback}", index, steps_whole)
             process = child.process
             if process is not None and not process.is_alive():
                 code = process.exitcode
