@@ -93,16 +93,14 @@ def load_program(path: str, fmt: str) -> Optional[Runner]:
 def _quiet_export() -> Iterator[None]:
     """Silences what the exporters print that says nothing about this policy: torch.onnx's and onnxscript's log lines
     (torchvision operators not registered, optimizer passes), a deprecation inside torch, a note that the inputs share
-    one batch axis, and a warning about ``RLAlgorithm``'s cache of the action-bound affine (a plain attribute that
-    tracing recomputes from the traced bound buffers, so the program reads the buffers, and the module recomputes the
-    cache on its next eager call)."""
+    one batch axis. (``RLAlgorithm``'s cache of the action-bound maps is neither read nor written while tracing,
+    ``torch.compiler.is_compiling()``, so exporting warns of no tensor attribute assigned.)"""
     loggers = [logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")]
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     try:
         with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"The tensor attributes self\.algorithm\._action_affine_cache")
             # (every input's batch is the one Dim, so the exporter names it once)
             warnings.filterwarnings("ignore", message=r"# The axis name: batch will not be used")
             warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
