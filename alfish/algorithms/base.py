@@ -140,6 +140,12 @@ class Algorithm(nn.Module):
         """Whole-buffer hook on batch-major ``[B, T]`` experience; default: unchanged."""
         return exp
 
+    def before_update(self, batch: Any) -> None:
+        """Called eagerly before every update (``Learner.update``), outside any compiled region, with its batch (an
+        ``Experience`` ``[L, B]`` or a ``HybridBatch``): where an algorithm allocates the state its update writes and
+        keeps across updates. Memory allocated inside a compiled update with CUDA graphs (``'reduce-overhead'``)
+        belongs to the graph, and its next replay overwrites it. Default: nothing."""
+
     def after_update(self) -> None:
         """Called after every optimizer step."""
 

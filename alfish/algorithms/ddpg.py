@@ -228,12 +228,30 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         """``[N]`` float: 1 for a transition that trains, 0 for one out of a LAST step (env autoreset)."""
         return (exp.step_type[:-1] != StepType.LAST).flatten().to(exp.reward.dtype)
 
+    def before_update(self, batch: Any) -> None:
+        """(``'critic_first'``) Size the kept-batch buffers for ``batch`` ``[L, B]`` here, eagerly, so that the
+        (compiled) update only copies into them (``RLAlgorithm.before_update``: with CUDA graphs, buffers allocated in
+        the update would be the graph's memory)."""
+        if self.update_order != "critic_first" or not isinstance(batch, Experience):
+            return
+        # One transition's network input (a view, or a cast of two observations) gives the kept rows' shape and dtype.
+        one = self.steps(self.network_input(batch.observation[:2, :1], batch_dims=2), slice(None, -1))
+        num_transitions = (batch.step_type.shape[0] - 1) * batch.step_type.shape[1]
+        self._size_kept((num_transitions, *one.shape[1:]), one.dtype, batch.reward.dtype, one.device)
+
+    def _size_kept(self, shape: tuple[int, ...], dtype: torch.dtype, valid_dtype: torch.dtype,
+                   device: torch.device) -> None:
+        """Reallocate the kept-batch buffers when the batch's ``[N, ...]`` shape, dtype or device changes."""
+        kept = self.deferred_observations
+        if kept.shape != shape or kept.dtype != dtype or kept.device != device:
+            self.deferred_observations = torch.empty(shape, dtype=dtype, device=device)
+            self.deferred_valid = torch.empty(shape[:1], dtype=valid_dtype, device=device)
+
     def _keep_for_actor(self, observations: torch.Tensor, valid: torch.Tensor) -> None:
         """Keep a batch's observations ``[N, ...]`` and validity ``[N]`` for the next step's actor term, in the
-        buffers (resized only when the batch's shape changes)."""
-        if self.deferred_observations.shape != observations.shape:
-            self.deferred_observations = torch.empty_like(observations)
-            self.deferred_valid = torch.empty_like(valid)
+        buffers: sized by ``before_update`` in a Learner's update; resized here only for a direct ``train_step``
+        call (eager)."""
+        self._size_kept(tuple(observations.shape), observations.dtype, valid.dtype, observations.device)
         self.deferred_observations.copy_(observations)
         self.deferred_valid.copy_(valid)
 

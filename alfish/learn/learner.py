@@ -161,6 +161,7 @@ class Learner:
         """
         for value in self._traced_values:  # (compiled updates only) the schedules the loss reads, as tensors
             value.refresh()
+        self.algorithm.before_update(batch)  # (eager: what the update keeps is allocated out of compiled code)
         # A diagnosed update runs eagerly: compiled code would recompile for the hooks and the second backward.
         if self._diagnosed():
             return self._forward_step(self.loss_module, batch, batch_info)

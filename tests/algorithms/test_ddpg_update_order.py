@@ -161,3 +161,22 @@ def test_bad_settings_are_one_line_errors():
     assert "TrainerConfig.priority_replay=True" in alg.replay_refusal(prioritized=True, offline=False)
     assert "offline data" in alg.replay_refusal(prioritized=False, offline=True)
     assert make("joint").replay_refusal(prioritized=True, offline=True) is None
+
+
+def test_the_kept_batch_buffers_are_sized_before_the_update_which_only_copies_into_them():
+    # (a compiled update with CUDA graphs must not allocate them: the graph's next replay would overwrite its outputs)
+    alg = make("critic_first", policy_delay=1)
+    first, second = batches(2)
+    alg.before_update(first)
+    kept, valid = alg.deferred_observations, alg.deferred_valid
+    assert kept.shape == ((L_ - 1) * 4, 3) and kept.dtype == torch.float32 and valid.shape == ((L_ - 1) * 4,)
+    Learner(alg).update(first)  # calls before_update again (same shape: nothing reallocated), then keeps the batch
+    assert alg.deferred_observations is kept and alg.deferred_valid is valid
+    torch.testing.assert_close(kept, first.observation[:-1].flatten(0, 1), rtol=0, atol=0)
+    assert valid.tolist() == [1.0] * ((L_ - 1) * 4)
+    alg.before_update(second._replace(observation=second.observation[:, :2], step_type=second.step_type[:, :2],
+                                      reward=second.reward[:, :2]))  # a smaller batch: resized before its update
+    assert alg.deferred_observations.shape == ((L_ - 1) * 2, 3) and alg.deferred_valid.shape == ((L_ - 1) * 2,)
+    joint = make("joint")  # the joint order keeps nothing
+    joint.before_update(first)
+    assert "deferred_observations" not in dict(joint.named_buffers())
