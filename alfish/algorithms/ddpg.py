@@ -234,10 +234,16 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         the update would be the graph's memory)."""
         if self.update_order != "critic_first" or not isinstance(batch, Experience):
             return
-        # One transition's network input (a view, or a cast of two observations) gives the kept rows' shape and dtype.
-        one = self.steps(self.network_input(batch.observation[:2, :1], batch_dims=2), slice(None, -1))
-        num_transitions = (batch.step_type.shape[0] - 1) * batch.step_type.shape[1]
-        self._size_kept((num_transitions, *one.shape[1:]), one.dtype, batch.reward.dtype, one.device)
+        obs = batch.observation
+        key = (obs.shape, obs.dtype, obs.device, batch.reward.dtype)
+        kept = self.__dict__.get("_kept_layout")  # (key, the kept rows' shape and dtype): computed once per layout
+        if kept is None or kept[0] != key:
+            # One transition's network input (a view, or a cast of two observations) gives the rows' shape, dtype.
+            one = self.steps(self.network_input(obs[:2, :1], batch_dims=2), slice(None, -1))
+            num_transitions = (obs.shape[0] - 1) * obs.shape[1]
+            kept = (key, (num_transitions, *one.shape[1:]), one.dtype)
+            self.__dict__["_kept_layout"] = kept
+        self._size_kept(kept[1], kept[2], batch.reward.dtype, obs.device)
 
     def _size_kept(self, shape: tuple[int, ...], dtype: torch.dtype, valid_dtype: torch.dtype,
                    device: torch.device) -> None:
