@@ -21,6 +21,7 @@ from alfish.envs.atari import is_atari, make_atari
 from alfish.envs.contract import ContractCheck, EnvContractError
 from alfish.envs.episode_log import EpisodeLog
 from alfish.envs.mixed_actions import MIXED_ACTION_SPACES, MixedActionPacking
+from alfish.envs.mujoco_camera import follow_the_robot
 from alfish.envs.sdl_runtime import ensure_runtime_dir
 
 
@@ -82,7 +83,10 @@ class EnvFactory:
             if is_atari(self.env_name):  # ALE games, preprocessed as alfish trains on them (alfish/envs/atari.py)
                 return make_atari(self.env_name, render_mode=self.render_mode, **self.env_kwargs)
             # gymnasium's PassiveEnvChecker is left out: ContractCheck checks every step, and raises instead of warning
-            return gym.make(self.env_name, render_mode=self.render_mode, disable_env_checker=True, **self.env_kwargs)
+            env = gym.make(self.env_name, render_mode=self.render_mode, disable_env_checker=True, **self.env_kwargs)
+            if self.render_mode is not None:
+                follow_the_robot(env, self.env_kwargs)  # (HalfCheetah's and Ant's videos would lose the robot)
+            return env
         except gym.error.Error as err:
             bare_id = self.env_name.rpartition(":")[2]
             if os.getpid() != self.parent_pid and ":" not in self.env_name and bare_id not in gym.registry:
