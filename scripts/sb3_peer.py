@@ -62,26 +62,29 @@ class Checkpoint:
         os.replace(self.root / "sb3_state.tmp", self.state_path)
 
 
-#: ``--update_order``: SB3's own (on a step where the delayed actor trains, the critics step first and the actor's loss
-#: reads the updated critic), or alfish's ``combined`` (the actor's loss reads the critic before that step: alfish
-#: takes one optimizer step for both, DESIGN.md §3.2). An experiment on the one algorithmic difference found between
-#: the two TD3s: SB3 with alfish's order beside SB3 with its own says what the order is worth.
+#: ``--update_order``: SB3's own (on a step where the actor trains, the critics step first and the actor's loss reads
+#: the updated critic), or alfish's ``combined`` (the actor's loss reads the critic before that step: alfish takes one
+#: optimizer step for all, DESIGN.md §3.2). An experiment on the one algorithmic difference found between the two
+#: TD3s and the two SACs: SB3 with alfish's order beside SB3 with its own says what the order is worth.
 UPDATE_ORDERS = ("sb3", "combined")
+COMBINABLE = ("TD3", "DDPG", "SAC")  # the algorithms with an actor and critics stepped in turn
 
 
 def use_combined_update_order(model) -> None:
-    """Make an SB3 TD3 or DDPG ``model`` train in alfish's order: on an update where the actor trains, the critics'
-    optimizer step is held back until after the actor's, so the actor's loss is computed on the critic before this
-    update's step (everything else, batches and random draws included, is SB3's). The critics' gradients are kept
-    aside meanwhile: the actor's backward pass adds its own to the critic parameters (SB3 zeroes them at the next
-    update), and the held-back step must apply the critic loss's alone. Installed on the optimizer instances: call it
-    again after loading a saved model."""
+    """Make an SB3 TD3, DDPG or SAC ``model`` train in alfish's order: on an update where the actor trains (every
+    update of SAC, which has no policy delay), the critics' optimizer step is held back until after the actor's, so
+    the actor's loss is computed on the critic before this update's step (everything else, batches and random draws
+    included, is SB3's). The critics' gradients are kept aside meanwhile: the actor's backward pass adds its own to the
+    critic parameters (SB3 zeroes them at the next update), and the held-back step must apply the critic loss's alone.
+    (SAC's temperature steps first in both orders, and both losses read the temperature from before its step.)
+    Installed on the optimizer instances: call it again after loading a saved model."""
     critic_opt, actor_opt = model.critic.optimizer, model.actor.optimizer
+    policy_delay = getattr(model, "policy_delay", 1)  # (SAC has none: its actor trains on every update)
     critic_step, actor_step = critic_opt.step, actor_opt.step
     held: list = []  # the critics' gradients of a held-back step (one at most)
 
     def deferred_critic_step(*args, **kwargs):
-        if model._n_updates % model.policy_delay != 0:  # the actor does not train on this update (SB3's test)
+        if model._n_updates % policy_delay != 0:  # the actor does not train on this update (SB3's test)
             return critic_step(*args, **kwargs)
         held.append([None if p.grad is None else p.grad.clone() for p in model.critic.parameters()])
         return None
@@ -99,8 +102,8 @@ def use_combined_update_order(model) -> None:
 
 def build(job: Sb3Job, checkpoint: Checkpoint, update_order: str = "sb3"):
     """SB3's model of ``job`` (restored from ``checkpoint`` when it has one), its training env, and a function that
-    evaluates the model deterministically. ``update_order``: one of ``UPDATE_ORDERS`` (``combined``: TD3/DDPG
-    only)."""
+    evaluates the model deterministically. ``update_order``: one of ``UPDATE_ORDERS`` (``combined``: TD3, DDPG
+    and SAC)."""
     import numpy as np
     import stable_baselines3
     import torch
@@ -247,7 +250,7 @@ def main(argv=None) -> int:
     parser.add_argument("--checkpoint_every", type=int, default=25_000,
                         help="env steps between resume checkpoints in ROOT_DIR (0: none); a rerun resumes")
     parser.add_argument("--update_order", choices=UPDATE_ORDERS, default="sb3",
-                        help="TD3/DDPG: 'combined' computes the actor's loss on the critic before that update's "
+                        help="TD3/DDPG/SAC: 'combined' computes the actor's loss on the critic before that update's "
                              "critic step, as alfish does (an experiment; see use_combined_update_order)")
     args = parser.parse_args(argv)
     try:
@@ -255,8 +258,8 @@ def main(argv=None) -> int:
     except TranslateError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.update_order != "sb3" and job.algo not in ("TD3", "DDPG"):
-        print(f"error: --update_order {args.update_order} applies to TD3 and DDPG, not to {job.algo}; drop it",
+    if args.update_order != "sb3" and job.algo not in COMBINABLE:
+        print(f"error: --update_order {args.update_order} applies to TD3, DDPG and SAC, not to {job.algo}; drop it",
               file=sys.stderr)
         return 2
     try:
