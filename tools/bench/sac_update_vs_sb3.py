@@ -100,7 +100,7 @@ def compare(env_name: str, batch: int, seed: int, done_fraction: float) -> dict[
     sac = alfish_copy(combined)
     obs_dim, act_dim = sac.obs_dim, sac.action_dim
     obs, next_obs = torch.randn(2, batch, obs_dim, generator=gen)
-    action = torch.rand(batch, act_dim, generator=gen) * 2 - 1   # the unit box, which is HalfCheetah's
+    action = torch.rand(batch, act_dim, generator=gen) * 2 - 1   # SB3 stores actions in the unit box
     reward = torch.randn(batch, generator=gen)
     done = (torch.rand(batch, generator=gen) < done_fraction).float()
     eps_now, eps_next = torch.randn(2, batch, act_dim, generator=gen)
@@ -115,7 +115,7 @@ def compare(env_name: str, batch: int, seed: int, done_fraction: float) -> dict[
     step_type[1] = torch.where(done.bool(), int(StepType.LAST), int(StepType.MID)).to(torch.int8)
     exp = Experience(step_type=step_type, reward=torch.stack([torch.zeros(batch), reward]),
                      discount=torch.stack([torch.ones(batch), 1.0 - done]), observation=torch.stack([obs, next_obs]),
-                     action=torch.stack([action, torch.zeros_like(action)]),
+                     action=torch.stack([sac.scale_action(action), torch.zeros_like(action)]),  # (env scale)
                      env_id=torch.arange(batch).expand(2, batch))
     with draws(torch, "randn_like", [eps_next, eps_now]):  # alfish's order: the next step's action first
         loss_info = sac.calc_loss(exp, sac.train_step(exp).info)
