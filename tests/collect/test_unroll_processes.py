@@ -377,7 +377,10 @@ def test_replacements_beyond_the_hourly_limit_end_the_run(rig_factory):
 
 
 def test_a_killed_child_is_replaced_when_restarts_are_on(rig_factory):
-    rig = rig_factory(SAC_POINT_GOAL, processes=2, restart_crashed=True)
+    # A queue of 5 steps: the killed child cannot have queued the 40 steps asked next (with the rig's 50 it could run
+    # that far ahead during collect(3) on a loaded machine, and collect(40) was served from its queue without ever
+    # waiting on it, so the death went unseen: a CI flake)
+    rig = rig_factory(SAC_POINT_GOAL, processes=2, restart_crashed=True, queue_size=5)
     rig.collector.collect(3)
     killed = rig.collector.processes.pids[0]
     os.kill(killed, signal.SIGKILL)
