@@ -17,10 +17,8 @@ from stable_baselines3.common.logger import configure  # noqa: E402
 BATCH = 32
 
 
-def td3_with_replay() -> "sb3.TD3":
-    """A small TD3 (same seed: the same initial networks every call) with 200 random transitions in its buffer."""
-    model = sb3.TD3("MlpPolicy", "Pendulum-v1", buffer_size=1000, learning_starts=0, policy_delay=2, seed=0,
-                    device="cpu", policy_kwargs=dict(net_arch=[16, 16]))
+def with_replay(model):
+    """``model`` (a small Pendulum TD3 or SAC) logging nowhere, with 200 random transitions in its buffer."""
     model.set_logger(configure(None, []))
     rng = np.random.default_rng(0)
     for _ in range(200):
@@ -28,6 +26,13 @@ def td3_with_replay() -> "sb3.TD3":
         action = rng.uniform(-1, 1, size=(1, 1)).astype(np.float32)
         model.replay_buffer.add(obs, next_obs, action, rng.normal(size=1), np.zeros(1), [{}])
     return model
+
+
+def td3_with_replay() -> "sb3.TD3":
+    """A small TD3 (same seed: the same initial networks every call) with 200 random transitions in its buffer."""
+    model = sb3.TD3("MlpPolicy", "Pendulum-v1", buffer_size=1000, learning_starts=0, policy_delay=2, seed=0,
+                    device="cpu", policy_kwargs=dict(net_arch=[16, 16]))
+    return with_replay(model)
 
 
 def seeded_train(model, updates: int) -> None:
@@ -79,13 +84,7 @@ def sac_with_replay() -> "sb3.SAC":
     """A small SAC (same seed: the same initial networks every call) with 200 random transitions in its buffer."""
     model = sb3.SAC("MlpPolicy", "Pendulum-v1", buffer_size=1000, learning_starts=0, seed=0, device="cpu",
                     policy_kwargs=dict(net_arch=[16, 16]))
-    model.set_logger(configure(None, []))
-    rng = np.random.default_rng(0)
-    for _ in range(200):
-        obs, next_obs = rng.normal(size=(2, 1, 3)).astype(np.float32)
-        action = rng.uniform(-1, 1, size=(1, 1)).astype(np.float32)
-        model.replay_buffer.add(obs, next_obs, action, rng.normal(size=1), np.zeros(1), [{}])
-    return model
+    return with_replay(model)
 
 
 def test_sac_in_the_combined_order_steps_its_actor_on_the_critic_before_the_critic_step():
