@@ -46,8 +46,9 @@ from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.algorithms.debug_stats import masked_stats
+from alfish.algorithms.deferred_actor import DeferredActorBatch, check_update_order
 from alfish.algorithms.network_sizes import part_hidden_sizes
-from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType
+from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo
 from alfish.networks.mlp import polyak_update
 from alfish.schedulers import Scheduler, as_scheduler
 
@@ -62,7 +63,7 @@ class DdpgTrainInfo(NamedTuple):
 
 
 @gin.configurable
-class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
+class DdpgAlgorithm(DeferredActorBatch, UpdateCounter, OffPolicyAlgorithm):
     """DDPG, and TD3 with ``num_critics=2, target_policy_noise=0.2, target_noise_clip=0.5, policy_delay=2``.
 
     Args:
@@ -110,12 +111,7 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  critic_hidden_sizes: Optional[Sequence[int]] = None, activation: str = "relu",
                  update_order: str = "joint"):
         super().__init__(observation_space, action_space)
-        if update_order not in UPDATE_ORDERS:
-            raise ValueError(f"{type(self).__name__}.update_order={update_order!r}: use one of {UPDATE_ORDERS}")
-        if update_order == "critic_first" and isinstance(observation_space, gym.spaces.Dict):
-            raise ValueError(f"{type(self).__name__}.update_order='critic_first' keeps a batch's observations for the "
-                             "next update, which it does for array observations only; this env's are a Dict: use "
-                             "update_order='joint'")
+        check_update_order(type(self).__name__, update_order, observation_space)
         if self.discrete:
             raise ValueError(f"{type(self).__name__} needs a Box action space, got {action_space}; use "
                              "DqnAlgorithm, PpoAlgorithm or A2cAlgorithm for discrete actions")
@@ -136,10 +132,7 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self.target_policy_noise, self.target_noise_clip = target_policy_noise, target_noise_clip
         self.policy_delay, self.target_update_period = policy_delay, target_update_period
         self._lrs = dict(actor=actor_lr, critic=critic_lr)
-        self.update_order = update_order
-        if update_order == "critic_first":  # the kept batch (empty: none kept); resized as needed, also on load
-            self.register_buffer("deferred_observations", torch.zeros(0))
-            self.register_buffer("deferred_valid", torch.zeros(0))
+        self._init_update_order(update_order)  # (the kept batch's buffers, for 'critic_first')
         # Optimizer steps done: a buffer so checkpoints keep the delay's phase, mirrored by a Python int so the
         # delay and target decisions cost no host sync (set from the loaded tensor by load_state_dict).
         self._init_update_counter()
@@ -209,8 +202,7 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         if self.actor_trains():  # the first critic scores the actor (TD3 paper; the only one for DDPG)
             actor_obs = obs_t
             if self.update_order == "critic_first":  # the batch kept by the previous step (module docstring)
-                # (copies: the buffers are overwritten below with this batch, which the backward must not see)
-                actor_obs, actor_valid = self.deferred_observations.clone(), self.deferred_valid.clone()
+                actor_obs, actor_valid = self._take_kept()
             new_action = torch.tanh(self.actor(actor_obs))
             # Only member 0 is evaluated: the other critics would cost a forward and a backward for nothing.
             q_new = self.critics(actor_obs, new_action, detach_params=True, members=slice(0, 1))
@@ -222,63 +214,6 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         td = td.detach()
         return AlgStep(info=DdpgTrainInfo(td.abs().mean(0), critic_loss, actor_loss, q.detach().mean(0), td_target,
                                           actor_valid))
-
-    @staticmethod
-    def valid_transitions(exp: Experience) -> torch.Tensor:
-        """``[N]`` float: 1 for a transition that trains, 0 for one out of a LAST step (env autoreset)."""
-        return (exp.step_type[:-1] != StepType.LAST).flatten().to(exp.reward.dtype)
-
-    def before_update(self, batch: Any) -> None:
-        """(``'critic_first'``) Size the kept-batch buffers for ``batch`` ``[L, B]`` here, eagerly, so that the
-        (compiled) update only copies into them (``RLAlgorithm.before_update``: with CUDA graphs, buffers allocated in
-        the update would be the graph's memory)."""
-        if self.update_order != "critic_first" or not isinstance(batch, Experience):
-            return
-        obs = batch.observation
-        key = (obs.shape, obs.dtype, obs.device, batch.reward.dtype)
-        kept = self.__dict__.get("_kept_layout")  # (key, the kept rows' shape and dtype): computed once per layout
-        if kept is None or kept[0] != key:
-            # One transition's network input (a view, or a cast of two observations) gives the rows' shape, dtype.
-            one = self.steps(self.network_input(obs[:2, :1], batch_dims=2), slice(None, -1))
-            num_transitions = (obs.shape[0] - 1) * obs.shape[1]
-            kept = (key, (num_transitions, *one.shape[1:]), one.dtype)
-            self.__dict__["_kept_layout"] = kept
-        self._size_kept(kept[1], kept[2], batch.reward.dtype, obs.device)
-
-    def _size_kept(self, shape: tuple[int, ...], dtype: torch.dtype, valid_dtype: torch.dtype,
-                   device: torch.device) -> None:
-        """Reallocate the kept-batch buffers when the batch's ``[N, ...]`` shape, dtype or device changes."""
-        kept = self.deferred_observations
-        if kept.shape != shape or kept.dtype != dtype or kept.device != device:
-            self.deferred_observations = torch.empty(shape, dtype=dtype, device=device)
-            self.deferred_valid = torch.empty(shape[:1], dtype=valid_dtype, device=device)
-
-    def _keep_for_actor(self, observations: torch.Tensor, valid: torch.Tensor) -> None:
-        """Keep a batch's observations ``[N, ...]`` and validity ``[N]`` for the next step's actor term, in the
-        buffers: sized by ``before_update`` in a Learner's update; resized here only for a direct ``train_step``
-        call (eager)."""
-        self._size_kept(tuple(observations.shape), observations.dtype, valid.dtype, observations.device)
-        self.deferred_observations.copy_(observations)
-        self.deferred_valid.copy_(valid)
-
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args: Any, **kwargs: Any) -> None:
-        # The kept batch is as large as the checkpointed run's (or empty): take its shape before loading into it.
-        for name in ("deferred_observations", "deferred_valid"):
-            loaded = state_dict.get(prefix + name)
-            if name in self._buffers and isinstance(loaded, torch.Tensor):
-                self._buffers[name] = torch.empty(loaded.shape, dtype=loaded.dtype,
-                                                  device=self._buffers[name].device)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
-    def replay_refusal(self, prioritized: bool, offline: bool) -> Optional[str]:
-        """Why this algorithm cannot train from such a replay (None: it can): the ``'critic_first'`` order defers the
-        actor's term to the next batch, whose importance weights or offline rows are not the kept batch's."""
-        if self.update_order != "critic_first" or not (prioritized or offline):
-            return None
-        what = ("TrainerConfig.priority_replay=True" if prioritized
-                else "offline data (TrainerConfig.offline_buffer_dir)")
-        return (f"{type(self).__name__}.update_order='critic_first' defers the actor's term to the next batch, which "
-                f"{what} would weight or mix as that batch's own rows: use update_order='joint' with it")
 
     def calc_loss(self, exp: Experience, train_info: DdpgTrainInfo) -> LossInfo:
         """Per-transition loss ``[L-1, B]``; transitions out of a LAST step (env autoreset) are masked out."""
@@ -317,9 +252,6 @@ class DdpgAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             polyak_update(self.target_actor, self.actor, tau)
             polyak_update(self.target_critics, self.critics, tau)
 
-
-#: ``DdpgAlgorithm.update_order``'s values.
-UPDATE_ORDERS = ("joint", "critic_first")
 
 #: TD3's values of the three additions (Fujimoto et al. 2018); every other default is DDPG's.
 TD3_DEFAULTS = dict(num_critics=2, target_policy_noise=0.2, policy_delay=2)

@@ -37,6 +37,7 @@ from torch import nn
 
 from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.algorithms.debug_stats import masked_stats
+from alfish.algorithms.deferred_actor import DeferredActorBatch, check_update_order
 from alfish.algorithms.network_sizes import part_hidden_sizes
 from alfish.data import nest
 from alfish.data.state import is_empty
@@ -80,6 +81,8 @@ class SacTrainInfo(NamedTuple):
     log_prob: torch.Tensor     # [N]
     q: torch.Tensor            # [E, N], Q_i(s, a) of the replayed action (its graph is the critic term's; debug only)
     td_target: torch.Tensor    # [N], r + gamma * discount * soft V(s'), no gradient
+    # [N], the actor and alpha terms' own mask ('critic_first': the kept batch's; None: this batch's, ``valid``)
+    actor_valid: Optional[torch.Tensor] = None
 
 
 class SacRolloutInfo(NamedTuple):
@@ -87,7 +90,7 @@ class SacRolloutInfo(NamedTuple):
 
 
 @gin.configurable
-class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
+class SacAlgorithm(DeferredActorBatch, UpdateCounter, OffPolicyAlgorithm):
     """SAC.
 
     Args:
@@ -127,6 +130,10 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         discrete_target_entropy: mixed actions only (``MixedSacAlgorithm``): the entropy in nats the discrete part's
             temperature aims for (number or schedule); ``None``: ALF's default (``sac_mixed.default_discrete_entropy``).
             ``target_entropy`` is then the Box part's (default ``-d``, ``d`` its size).
+        update_order: ``'joint'`` (one step for actor, critics and temperature: the actor's loss reads the critics
+            before the step) or ``'critic_first'`` (the actor's loss reads the critics after their step, as SB3 and
+            the SAC authors' code; its and the temperature's terms are deferred one update,
+            ``alfish.algorithms.deferred_actor``). Flat observations, Box actions, no shared encoder.
     """
 
     rollout_module_names = ("actor",)  # async unroll ships only these to its child
@@ -145,8 +152,16 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
                  ent_coef: Optional[float] = None, actor_hidden_sizes: Optional[Sequence[int]] = None,
                  critic_hidden_sizes: Optional[Sequence[int]] = None, activation: str = "relu",
                  use_sde: bool = False, sde_sample_freq: int = -1, log_std_init: Optional[float] = None,
-                 full_std: bool = True, discrete_target_entropy: Optional[float | Scheduler] = None):
+                 full_std: bool = True, discrete_target_entropy: Optional[float | Scheduler] = None,
+                 update_order: str = "joint"):
         super().__init__(observation_space, action_space)
+        check_update_order("SacAlgorithm", update_order, observation_space)
+        if update_order == "critic_first" and (encoding_network_ctor is not None or self.action_kind == "mixed"):
+            raise ValueError("SacAlgorithm.update_order='critic_first' defers the actor's term on kept observations, "
+                             "which it does for a Box action and no shared encoder; this SAC has "
+                             f"{'a shared encoder' if encoding_network_ctor is not None else 'mixed actions'}: use "
+                             "update_order='joint'")
+        self._init_update_order(update_order)
         check_sde_options("SacAlgorithm", use_sde, sde_sample_freq, log_std_init, full_std)
         log_std_init = -3.0 if log_std_init is None else log_std_init  # SB3's default for SAC+gSDE
         if self.discrete:
@@ -199,6 +214,17 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         self.target_update_period = target_update_period
         self._lrs = dict(actor=actor_lr, critic=critic_lr, alpha=alpha_lr)
         self._init_update_counter()  # the num_updates buffer, mirrored by a Python int (no sync in after_update)
+
+    @property
+    def skips_parameters_in_some_updates(self) -> bool:
+        # in the critic-first order the first update has no actor or temperature term (DDP: find_unused_parameters)
+        return self.update_order == "critic_first"
+
+    def _set_updates_done(self, count: int) -> None:
+        # Whether this update builds the actor's term, kept as a bool (UpdateCounter): 'critic_first' has none on
+        # the first update, when no batch has been kept yet; a compiled update keeps one graph for each value.
+        super()._set_updates_done(count)
+        self.__dict__["_actor_trains"] = self.update_order != "critic_first" or count > 0
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "SacAlgorithm":
         """``SacAlgorithm(...)`` for a mixed action space builds a ``mixed_action_class`` (its ``__init__`` is this
@@ -360,7 +386,13 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
             return self._encoded_train_step(exp)
         obs = self.network_input(exp.observation, batch_dims=2)                # [L, B, obs_dim] (flat mode)
         obs_t, obs_next = self.steps(obs, slice(None, -1)), self.steps(obs, slice(1, None))   # [N, obs_dim]
-        return self._losses(obs_t, obs_t, obs_next, obs_next, exp.action[:-1], exp.reward[1:], exp.discount[1:])
+        if self.update_order == "joint":
+            return self._losses(obs_t, obs_t, obs_next, obs_next, exp.action[:-1], exp.reward[1:], exp.discount[1:])
+        # critic_first: the actor and alpha terms are on the batch the previous update kept (none on the first)
+        policy_in, policy_valid = self._take_kept() if self._actor_trains else (None, None)
+        self._keep_for_actor(obs_t.detach(), self.valid_transitions(exp))
+        return self._losses(obs_t, policy_in, obs_next, obs_next, exp.action[:-1], exp.reward[1:], exp.discount[1:],
+                            policy_valid)
 
     def _encoded_train_step(self, exp: Experience) -> AlgStep:
         """Losses of the transitions out of steps ``burn_in .. L-2`` of ``exp`` ``[L, B]``, ``N = (L-1-burn_in) B``.
@@ -401,11 +433,13 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         return online, target[first:]
 
     def _losses(self, critic_in: Any, policy_in: Any, next_policy_in: Any, next_target_in: Any, action: torch.Tensor,
-                reward: torch.Tensor, discount: torch.Tensor) -> AlgStep:
+                reward: torch.Tensor, discount: torch.Tensor, policy_valid: Optional[torch.Tensor] = None) -> AlgStep:
         """The three SAC losses of ``N`` transitions, each ``[N]``.
 
         critic_in, policy_in: what the critics and the actor read at the transitions' first steps ``[N, ...]``
-            (observations, or features: with gradient for the critics, detached for the actor);
+            (observations, or features: with gradient for the critics, detached for the actor); ``policy_in`` None:
+            no actor and alpha terms (``'critic_first'``'s first update);
+        policy_valid: ``[N]``, the mask of ``policy_in``'s rows when they are another batch's (``'critic_first'``);
         next_policy_in, next_target_in: what the actor and the target critics read at the next steps ``[N, ...]``;
         action: ``[L', B, action_dim]`` (env scale); reward, discount: ``[L', B]`` of the next steps, ``N = L' B``.
 
@@ -426,6 +460,10 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         td = q - td_target
         critic_loss = 0.5 * (td ** 2).sum(0)
 
+        if policy_in is None:  # factories: no graph, so the actor and log_alpha get no gradient (Adam skips them)
+            zeros = torch.zeros_like(critic_loss)
+            return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, zeros, zeros, zeros, q,
+                                             td_target, torch.zeros_like(zeros)))
         new_action, log_prob = self._policy(policy_in, greedy=False)
         q_new = self.critics(policy_in, new_action, detach_params=True).min(0).values.squeeze(-1)
         actor_loss = alpha * log_prob - q_new
@@ -437,26 +475,32 @@ class SacAlgorithm(UpdateCounter, OffPolicyAlgorithm):
         else:  # a fixed alpha (ent_coef): no alpha term
             alpha_loss = torch.zeros_like(log_prob)
         return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, actor_loss, alpha_loss, log_prob, q,
-                                         td_target))
+                                         td_target, policy_valid))
 
     def calc_loss(self, exp: Experience, train_info: SacTrainInfo) -> LossInfo:
         """Per-transition loss ``[L-1-burn_in, B]``; transitions out of a LAST step (env autoreset) are masked out."""
         valid = exp.step_type[self.burn_in:-1] != StepType.LAST                 # [L-1-burn_in, B]
         shape = valid.shape
         valid = valid.flatten().to(train_info.critic_loss.dtype)
-        loss = (train_info.critic_loss + train_info.actor_loss).add_(train_info.alpha_loss).mul_(valid)
+        policy_valid = train_info.actor_valid
+        if policy_valid is None:
+            loss = (train_info.critic_loss + train_info.actor_loss).add_(train_info.alpha_loss).mul_(valid)
+        else:  # 'critic_first': the actor and alpha rows are the kept batch's, with its own mask
+            loss = torch.addcmul(train_info.critic_loss * valid, train_info.actor_loss + train_info.alpha_loss,
+                                 policy_valid)
 
         def extra() -> dict[str, torch.Tensor]:  # evaluated only when a summary is due
-            count = valid.sum().clamp(min=1.0)
             terms = torch.stack([train_info.critic_loss, train_info.actor_loss, train_info.alpha_loss,
                                  -train_info.log_prob]).detach()
-            means = (terms * valid).sum(-1) / count
+            masks = valid if policy_valid is None else torch.stack([valid, policy_valid, policy_valid, policy_valid])
+            means = (terms * masks).sum(-1) / masks.sum(-1).clamp(min=1.0)
             out = dict(critic_loss=means[0], actor_loss=means[1], alpha_loss=means[2], entropy=means[3],
                        alpha=self.log_alpha.detach().exp())
             if self.debug_summaries:  # TrainerConfig.debug_summaries: Q over every critic, entropy per sample
                 out.update(masked_stats("q", train_info.q, valid))
                 out.update(masked_stats("td_target", train_info.td_target, valid))
-                out.update(masked_stats("entropy", -train_info.log_prob, valid))
+                entropy_rows = valid if policy_valid is None else policy_valid  # (critic_first: the kept batch's)
+                out.update(masked_stats("entropy", -train_info.log_prob, entropy_rows))
                 out["debug/alpha"] = out["alpha"]
                 out["debug/target_entropy"] = self.target_entropy.tensor_value(valid.device)
             return out

@@ -85,6 +85,7 @@ class MixedSacTrainInfo(NamedTuple):
     q: torch.Tensor                 # [E, N], Q_i(s, a_c, k) of the replayed action
     td_target: torch.Tensor         # [N]
     discrete_entropy: torch.Tensor  # [N], H(pi_d(. | s, a)), no gradient
+    actor_valid: Optional[torch.Tensor] = None  # always None: mixed actions train in the joint order only
 
 
 class MixedSacAlgorithm(SacAlgorithm):

@@ -61,6 +61,11 @@ def lrs(*names: str) -> dict[str, LinearScheduler]:
 ALGORITHMS: dict[str, tuple[Callable[[], Any], gym.Space, int]] = {
     "sac": (lambda: SacAlgorithm(OBS, BOX, hidden_sizes=(8,), target_update_period=2, target_update_tau=changing(
         0.005, 0.01), target_entropy=changing(-1.0, -2.0), **lrs("actor", "critic", "alpha")), BOX, 3),
+    # SAC in SB3's order: the actor's and temperature's terms deferred one update (the kept batch, as TD3's)
+    "sac_critic_first": (lambda: SacAlgorithm(OBS, BOX, hidden_sizes=(8,), target_update_period=2,
+                                              target_update_tau=changing(0.005, 0.01),
+                                              target_entropy=changing(-1.0, -2.0), update_order="critic_first",
+                                              **lrs("actor", "critic", "alpha")), BOX, 3),
     "ddpg": (lambda: DdpgAlgorithm(OBS, BOX, hidden_sizes=(8,), target_update_tau=changing(0.005, 0.01),
                                    exploration_noise=changing(0.1, 0.05), **lrs("actor", "critic")), BOX, 3),
     "td3": (lambda: Td3Algorithm(OBS, BOX, hidden_sizes=(8,), target_update_tau=changing(0.005, 0.01),
@@ -183,8 +188,9 @@ def check_no_recompile(name: str, device: torch.device, mode: str, backend: Opti
         pass
     graphs, lr_before = counters["stats"]["unique_graphs"], compiled.optimizer.param_groups[0]["lr"]
     runs_before = backend.forward_runs if isinstance(backend, CountingBackend) else None
-    due = []  # DDPG, TD3: whether each update stepped the actor (its parameters moved)
-    actor = flat(list(compiled.algorithm.actor.parameters())) if name.startswith(("ddpg", "td3")) else None
+    due = []  # DDPG, TD3, critic-first SAC: whether each update stepped the actor (its parameters moved)
+    actor = (flat(list(compiled.algorithm.actor.parameters())) if name.startswith(("ddpg", "td3", "sac_critic"))
+             else None)
     handler = Warnings()
     logging.getLogger().addHandler(handler)
     try:
@@ -210,7 +216,7 @@ def check_no_recompile(name: str, device: torch.device, mode: str, backend: Opti
         assert due == [(WARM_UP + k + 1) % 2 == 0 for k in range(MEASURED)], due
     elif name == "td3_critic_first":  # ... one update later in the critic-first order
         assert due == [(WARM_UP + k) % 2 == 0 for k in range(MEASURED)], due
-    elif name == "ddpg":
+    elif name in ("ddpg", "sac_critic_first"):  # (the critic-first SAC's actor sat out only the first update)
         assert all(due)
     moved = (flat(eager.params) - start).norm().item()
     gap = (flat(compiled.params) - flat(eager.params)).norm().item()

@@ -20,9 +20,9 @@ def fresh_dynamo():
 
 # The default run checks the algorithms whose updates differ most in shape (several optimizer groups and a learned
 # temperature: SAC; a policy delay, two graphs: TD3, and TD3 in the critic-first order, whose kept batch is written in
-# place; scheduled epsilon: DQN; scheduled clip range and entropy: PPO); the others (one group or TD3's graph without
-# the delay) run in the slow tier: ~4 s each.
-DEFAULT_TIER = {"dqn", "ppo", "sac", "td3", "td3_critic_first"}
+# place, and SAC in that order; scheduled epsilon: DQN; scheduled clip range and entropy: PPO); the others (one group
+# or TD3's graph without the delay) run in the slow tier: ~4 s each.
+DEFAULT_TIER = {"dqn", "ppo", "sac", "sac_critic_first", "td3", "td3_critic_first"}
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in DEFAULT_TIER else pytest.mark.slow)
