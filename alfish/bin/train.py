@@ -24,6 +24,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -147,16 +148,22 @@ def one_line(err: BaseException) -> str:
     return printable(" ".join(str(err).split())) or type(err).__name__
 
 
-def record_error_for_torchrun(message: str) -> None:
+def record_error_for_torchrun(message: str, consequence: bool = False) -> None:
     """Write ``message`` to ``$TORCHELASTIC_ERROR_FILE`` (set by torchrun for each rank) in the layout torch's
     ``ErrorHandler`` writes and ``ProcessFailure`` reads, with the message as the call stack too: torchrun's failure
     summary prints the call stack under "Root Cause", and one line saying what is wrong and how to fix it reads better
-    there than a traceback (which the rank still prints to its stderr). Does nothing outside torchrun."""
+    there than a traceback (which the rank still prints to its stderr). Does nothing outside torchrun.
+
+    torchrun names as root cause the failure with the smallest timestamp, in whole seconds, and breaks a tie by the
+    order it noticed the ranks exit. A failure that is only the ``consequence`` of another rank's (a collective whose
+    peer went away: ``failed_because_a_peer_did``) happens after that rank wrote its own error, so its time is rounded
+    up and a cause's down: the cause then sorts first even within the same second, whichever rank exits first."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    data = {"message": {"message": message,
-                        "extraInfo": {"py_callstack": message, "timestamp": str(int(time.time()))}}}
+    now = time.time()
+    timestamp = math.ceil(now) if consequence else math.floor(now)
+    data = {"message": {"message": message, "extraInfo": {"py_callstack": message, "timestamp": str(timestamp)}}}
     try:
         with open(path, "w") as f:
             json.dump(data, f)
@@ -174,6 +181,13 @@ def known_run_failures() -> tuple[type[BaseException], ...]:
     from alfish.learn.distributed import RankStoppedError
 
     return NonFiniteLossError, ChildProcessFailed, EnvWorkerError, EnvContractError, RankStoppedError
+
+
+def _peer_failed(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because another rank went away (its consequence, not a cause)."""
+    from alfish.learn.distributed import failed_because_a_peer_did  # (torch: imported by then)
+
+    return failed_because_a_peer_did(error)
 
 
 class TrainError(Exception):
@@ -200,10 +214,10 @@ class Finished:
     env_steps: int
 
 
-def _reported(message: str, exit_code: int) -> TrainError:
-    """``message`` logged and recorded for torchrun, as a ``TrainError`` to raise."""
+def _reported(message: str, exit_code: int, error: BaseException) -> TrainError:
+    """``message`` (about ``error``) logged and recorded for torchrun, as a ``TrainError`` to raise."""
     logging.error("%s", message)
-    record_error_for_torchrun(message)
+    record_error_for_torchrun(message, consequence=_peer_failed(error))
     return TrainError(message, exit_code, reported=True)
 
 
@@ -246,14 +260,14 @@ def run_training(conf: str, root_dir: str, conf_params: Sequence[str] = (), fres
             message = f"could not build the experiment: {one_line(err)}"
         elif message is None:
             raise
-        raise _reported(message, 2) from err
+        raise _reported(message, 2, err) from err
     if process_rank() == 0:
         try:
             write_config_record(root_dir)  # logs a warning for each binding that was set but never used
         except OSError as err:
             trainer.close()
             raise _reported(disk_failure(err, root_dir) or f"cannot write the config record: {one_line(err)}",
-                            2) from err
+                            2, err) from err
     try:
         exit_code = trainer.run()
     except Exception as err:
@@ -262,12 +276,12 @@ def run_training(conf: str, root_dir: str, conf_params: Sequence[str] = (), fres
             # a failure alfish diagnosed (NaN loss, dead or hung child, worker or rank, broken env contract): its
             # message says what happened and what to do, a traceback of the trainer would only bury it
             logging.error("training stopped: %s: %s", type(err).__name__, err)
-            record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}")
+            record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}", consequence=_peer_failed(err))
             raise TrainError(f"training stopped: {type(err).__name__}: {one_line(err)}", 1, reported=True) from err
         if message is None:
-            record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}")
+            record_error_for_torchrun(f"{type(err).__name__}: {one_line(err)}", consequence=_peer_failed(err))
             raise  # the traceback goes to stderr
-        raise _reported(message, 1) from err  # the disk refused a write: one line, no traceback
+        raise _reported(message, 1, err) from err  # the disk refused a write: one line, no traceback
     return Finished(exit_code, trainer.counters.iteration, trainer.counters.env_steps)
 
 

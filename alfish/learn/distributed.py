@@ -375,6 +375,23 @@ def shutdown(ctx: DistContext, synchronize: bool = False) -> None:
         dist.destroy_process_group()
 
 
+#: What a collective's error says when the rank on the other end went away (exited or crashed): gloo's TCP pair, NCCL.
+PEER_GONE_MARKERS = ("Connection closed by peer", "Connection reset by peer", "remote process exited",
+                     "ncclRemoteError")
+
+
+def failed_because_a_peer_did(error: BaseException) -> bool:
+    """Whether ``error`` (or an exception it was raised from) is a collective failing because another rank went
+    away: a consequence of that rank's failure, not a root cause of its own."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if any(marker in str(error) for marker in PEER_GONE_MARKERS):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 class RankStoppedError(RuntimeError):
     """A collective timed out because another rank stopped making progress; the message names that rank."""
 

@@ -6,12 +6,14 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
 
 import gin
 import pytest
-from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 
 from alfish.bin import train
+from alfish.learn.distributed import failed_because_a_peer_did
 from tests.shipped_confs import data_params, skip_unless_installed
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -120,6 +122,39 @@ def test_an_error_during_training_is_written_for_torchrun_as_one_line(tmp_path, 
     assert failure.message["message"] == expected
     assert failure.message["extraInfo"]["py_callstack"] == expected
     assert failure.timestamp > 0
+
+
+GLOO_PEER_GONE = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+                              "closed by peer [127.0.0.1]:48348. This is typically caused by a remote worker crashing.")
+
+
+def test_a_rank_failing_because_its_peer_went_away_is_not_named_the_root_cause_within_the_same_second(
+        tmp_path, monkeypatch):
+    # The cause (rank 0's build error) and its consequence (rank 1's collective, the peer gone) within one second,
+    # rank 1 noticed exiting first: torchrun compares whole-second timestamps and then takes the first noticed.
+    monkeypatch.setattr(train, "time", types.SimpleNamespace(time=lambda: 1_000_000.25))
+    files = {rank: tmp_path / f"error-{rank}.json" for rank in (0, 1)}
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(files[0]))
+    train.record_error_for_torchrun("could not build the experiment: cannot make gymnasium env 'NoSuchEnv-v0'")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(files[1]))
+    train.record_error_for_torchrun(f"RuntimeError: {GLOO_PEER_GONE}",
+                                    consequence=failed_because_a_peer_did(GLOO_PEER_GONE))
+    failures = {1: ProcessFailure(local_rank=1, pid=2, exitcode=-6, error_file=str(files[1])),
+                0: ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(files[0]))}
+    rank, failure = ChildFailedError("train", failures).get_first_failure()
+    assert rank == 0 and failure.message["message"].startswith("could not build the experiment"), failure.message
+    assert (failures[0].timestamp, failures[1].timestamp) == (1_000_000, 1_000_001)
+
+
+def test_only_a_collective_whose_peer_went_away_counts_as_a_consequence():
+    assert failed_because_a_peer_did(GLOO_PEER_GONE)
+    try:  # found through the exception chain too (alfish's own error raised from the collective's)
+        raise ValueError("could not build the experiment") from GLOO_PEER_GONE
+    except ValueError as err:
+        assert failed_because_a_peer_did(err)
+    assert failed_because_a_peer_did(RuntimeError("NCCL error: remote process exited or there was a network error"))
+    assert not failed_because_a_peer_did(RuntimeError("cannot make gymnasium env 'NoSuchEnv-v0'"))
+    assert not failed_because_a_peer_did(TimeoutError("Timed out waiting 10000ms for recv operation to complete"))
 
 
 def test_outside_torchrun_no_error_file_is_written(tmp_path, monkeypatch):
