@@ -161,7 +161,7 @@ def _sac(values: dict, common: dict) -> tuple[dict, set]:
     return kwargs, {"hidden_sizes", "actor_hidden_sizes", "critic_hidden_sizes", "actor_lr", "critic_lr", "alpha_lr",
                     "gamma", "target_update_tau", "target_update_period", "initial_log_alpha", "target_entropy",
                     "num_critics", "ent_coef", "activation", "use_sde", "sde_sample_freq", "log_std_init",
-                    "full_std"}
+                    "full_std", "update_order"}  # (SB3's own order is critic-first; sb3_peer.py --update_order: joint)
 
 
 def _td3(values: dict, common: dict) -> tuple[dict, set]:

@@ -59,8 +59,9 @@ TrainerConfig.num_updates_per_train_iter = 4
 
 
 @pytest.mark.timeout(120)
-def test_sac_reaches_the_optimum_of_point_goal(tmp_path):
-    root = run_trainer_from_text(tmp_path, SAC_POINT_GOAL)
+@pytest.mark.parametrize("update_order", ["joint", "critic_first"])  # (alfish's default; SB3's and the paper's code)
+def test_sac_reaches_the_optimum_of_point_goal(tmp_path, update_order):
+    root = run_trainer_from_text(tmp_path, SAC_POINT_GOAL + f"SacAlgorithm.update_order = '{update_order}'\n")
     log = eval_log(root)
     returns = [r["average_return"] for r in log]
     assert [r["env_steps"] for r in log] == list(range(200, 1501, 100))  # 100 warm-up steps, then 1 per iteration

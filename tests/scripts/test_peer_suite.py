@@ -33,6 +33,11 @@ def test_sac_mujoco_conf_translates_to_sb3s_arguments():
     assert job.kwargs == dict(learning_rate=3e-4, buffer_size=1000000, learning_starts=10000, batch_size=256,
                               tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1, ent_coef="auto_1",
                               policy_kwargs=dict(net_arch=dict(pi=[256, 256], qf=[256, 256]), n_critics=2))
+    # alfish's update order has no SB3 argument (SB3 runs the critic-first order; sb3_peer.py --update_order emulates
+    # the joint one): the same job in either
+    critic_first = sb3_translate.translate(CONFS / "sac_halfcheetah.gin", ["TrainerConfig.random_seed=3",
+                                                                            "SacAlgorithm.update_order='critic_first'"])
+    assert critic_first.kwargs == job.kwargs
 
 
 def test_sac_fixed_entropy_coefficient_initial_alpha_and_gsde_translate():

@@ -54,6 +54,7 @@ TrainerConfig.ddp_paras_check_interval = 10
 # fails the second with "Expected to have finished reduction in the prior iteration")
 TD3_CRITIC_FIRST = (SAC.replace("SacAlgorithm", "Td3Algorithm")
                     + "Td3Algorithm.update_order = 'critic_first'\nTd3Algorithm.policy_delay = 1\n")
+SAC_CRITIC_FIRST = SAC + "SacAlgorithm.update_order = 'critic_first'\n"  # (its actor and alpha sit out update 1)
 RANK_LOCAL = ("deferred_observations", "deferred_valid")  # the critic-first order's kept batch: rank-local by design
 
 PPO = """
@@ -111,8 +112,9 @@ def test_one_ddp_update_gives_the_gradients_of_one_process_on_the_concatenated_b
                           # slow: PPO on two ranks also ends with identical parameters and rank 0's checkpoint in the
                           # default run's checkpoint-barrier test below and in test_torchrun_confs' PPO conf
                           pytest.param(PPO, 2, ["ckpt-3", "ckpt-6"], marks=pytest.mark.slow),
-                          pytest.param(TD3_CRITIC_FIRST, 2, ["ckpt-30", "ckpt-60"], marks=pytest.mark.slow)],
-                         ids=["sac", "ppo", "td3_critic_first"])
+                          pytest.param(TD3_CRITIC_FIRST, 2, ["ckpt-30", "ckpt-60"], marks=pytest.mark.slow),
+                          pytest.param(SAC_CRITIC_FIRST, 2, ["ckpt-30", "ckpt-60"], marks=pytest.mark.slow)],
+                         ids=["sac", "ppo", "td3_critic_first", "sac_critic_first"])
 def test_ranks_end_with_identical_parameters_and_only_rank_0_writes(tmp_path, conf_text, expected_evals, checkpoints):
     conf, root = tmp_path / "conf.gin", tmp_path / "root"
     conf.write_text(conf_text)
