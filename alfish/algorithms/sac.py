@@ -39,6 +39,7 @@ from alfish.algorithms.base import OffPolicyAlgorithm, UpdateCounter
 from alfish.algorithms.debug_stats import masked_stats
 from alfish.algorithms.deferred_actor import DeferredActorBatch, check_update_order
 from alfish.algorithms.network_sizes import part_hidden_sizes
+from alfish.algorithms.sac_sequences import sequence_features
 from alfish.data import nest
 from alfish.data.state import is_empty
 from alfish.data.types import EMPTY, AlgStep, Experience, LossInfo, StepType, TimeStep
@@ -389,10 +390,11 @@ class SacAlgorithm(DeferredActorBatch, UpdateCounter, OffPolicyAlgorithm):
         if self.update_order == "joint":
             return self._losses(obs_t, obs_t, obs_next, obs_next, exp.action[:-1], exp.reward[1:], exp.discount[1:])
         # critic_first: the actor and alpha terms are on the batch the previous update kept (none on the first)
-        policy_in, policy_valid = self._take_kept() if self._actor_trains else (None, None)
-        self._keep_for_actor(obs_t.detach(), self.valid_transitions(exp))
-        return self._losses(obs_t, policy_in, obs_next, obs_next, exp.action[:-1], exp.reward[1:], exp.discount[1:],
-                            policy_valid)
+        valid = self.valid_transitions(exp)
+        policy_in, policy_valid = self._take_kept() if self._actor_trains else (None, torch.zeros_like(valid))
+        self._keep_for_actor(obs_t.detach(), valid)
+        step = self._losses(obs_t, policy_in, obs_next, obs_next, exp.action[:-1], exp.reward[1:], exp.discount[1:])
+        return nest.replace_fields(step, info=nest.replace_fields(step.info, actor_valid=policy_valid))
 
     def _encoded_train_step(self, exp: Experience) -> AlgStep:
         """Losses of the transitions out of steps ``burn_in .. L-2`` of ``exp`` ``[L, B]``, ``N = (L-1-burn_in) B``.
@@ -402,44 +404,20 @@ class SacAlgorithm(DeferredActorBatch, UpdateCounter, OffPolicyAlgorithm):
         """
         self._check_length(exp.step_type.shape[0])
         first = self.burn_in
-        online, target = self._sequence_features(exp)                           # each [L - burn_in, B, F]
+        online, target = sequence_features(self, exp)                           # each [L - burn_in, B, F]
         detached = online.detach()
         features_t = online[:-1].flatten(0, 1)                                  # [N, F], with gradient
         return self._losses(features_t, detached[:-1].flatten(0, 1), detached[1:].flatten(0, 1),
                             target[1:].flatten(0, 1), exp.action[first:-1], exp.reward[first + 1:],
                             exp.discount[first + 1:])
 
-    def _sequence_features(self, exp: Experience) -> tuple[torch.Tensor, torch.Tensor]:
-        """Encoder features of steps ``burn_in .. L-1`` of ``exp`` ``[L, B]``: ``(online [L', B, F]`` with gradient,
-        ``target [L', B, F])`` without, ``L' = L - burn_in``. A recurrent encoder starts from the stored rollout state
-        of step 0 (``use_rollout_state``, else zeros), resets at FIRST steps (``unroll``) and runs the burn-in steps
-        without gradient."""
-        obs = self.network_input(exp.observation, batch_dims=2)                 # [L, B, ...]
-        if not self._recurrent:
-            with torch.no_grad():
-                target = self.target_encoder(obs)
-            return self.encoder(obs), target
-        first, step_type = self.burn_in, exp.step_type
-        if self.use_rollout_state:
-            start = nest.map_nest(lambda x: x[0], exp.rollout_info.state)
-        else:
-            start = self.initial_state(step_type.shape[1], step_type.device)
-        with torch.no_grad():
-            target, _ = self.target_encoder.unroll(obs, step_type, start)
-            state = start
-            if first:  # burn-in: the state is warmed up without gradients
-                _, state = self.encoder.unroll(self.step_slice(obs, slice(0, first)), step_type[:first], start)
-        online, _ = self.encoder.unroll(self.step_slice(obs, slice(first, None)), step_type[first:], state)
-        return online, target[first:]
-
     def _losses(self, critic_in: Any, policy_in: Any, next_policy_in: Any, next_target_in: Any, action: torch.Tensor,
-                reward: torch.Tensor, discount: torch.Tensor, policy_valid: Optional[torch.Tensor] = None) -> AlgStep:
+                reward: torch.Tensor, discount: torch.Tensor) -> AlgStep:
         """The three SAC losses of ``N`` transitions, each ``[N]``.
 
         critic_in, policy_in: what the critics and the actor read at the transitions' first steps ``[N, ...]``
             (observations, or features: with gradient for the critics, detached for the actor); ``policy_in`` None:
             no actor and alpha terms (``'critic_first'``'s first update);
-        policy_valid: ``[N]``, the mask of ``policy_in``'s rows when they are another batch's (``'critic_first'``);
         next_policy_in, next_target_in: what the actor and the target critics read at the next steps ``[N, ...]``;
         action: ``[L', B, action_dim]`` (env scale); reward, discount: ``[L', B]`` of the next steps, ``N = L' B``.
 
@@ -462,8 +440,7 @@ class SacAlgorithm(DeferredActorBatch, UpdateCounter, OffPolicyAlgorithm):
 
         if policy_in is None:  # factories: no graph, so the actor and log_alpha get no gradient (Adam skips them)
             zeros = torch.zeros_like(critic_loss)
-            return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, zeros, zeros, zeros, q,
-                                             td_target, torch.zeros_like(zeros)))
+            return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, zeros, zeros, zeros, q, td_target))
         new_action, log_prob = self._policy(policy_in, greedy=False)
         q_new = self.critics(policy_in, new_action, detach_params=True).min(0).values.squeeze(-1)
         actor_loss = alpha * log_prob - q_new
@@ -475,7 +452,7 @@ class SacAlgorithm(DeferredActorBatch, UpdateCounter, OffPolicyAlgorithm):
         else:  # a fixed alpha (ent_coef): no alpha term
             alpha_loss = torch.zeros_like(log_prob)
         return AlgStep(info=SacTrainInfo(td.detach().abs().mean(0), critic_loss, actor_loss, alpha_loss, log_prob, q,
-                                         td_target, policy_valid))
+                                         td_target))
 
     def calc_loss(self, exp: Experience, train_info: SacTrainInfo) -> LossInfo:
         """Per-transition loss ``[L-1-burn_in, B]``; transitions out of a LAST step (env autoreset) are masked out."""
