@@ -22,27 +22,14 @@ from alfish.learn.learner import Learner
 from alfish.learn.optim import OptimizerConfig
 from alfish.networks.mlp import polyak_update
 
-from .test_loss_isolation import L_, hand_experience, spaces
+from .test_ddpg_update_order import assert_same, batches, params  # (Pendulum batches, bit-exact comparison)
+from .test_loss_isolation import L_, spaces
 
 
 def make(update_order, **kwargs):
     torch.manual_seed(0)
     obs_space, act_space = spaces("Pendulum-v1")
     return SacAlgorithm(obs_space, act_space, hidden_sizes=(16, 16), update_order=update_order, **kwargs)
-
-
-def batches(n, seed=1):
-    gen = torch.Generator().manual_seed(seed)
-    return [hand_experience(3, torch.rand(L_, 4, 1, generator=gen) * 4.0 - 2.0, gen) for _ in range(n)]
-
-
-def params(module):
-    return [p.detach().clone() for p in module.parameters()]
-
-
-def assert_same(a, b):
-    for x, y in zip(a, b, strict=True):
-        torch.testing.assert_close(x, y, rtol=0, atol=0)
 
 
 @pytest.fixture
